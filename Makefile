@@ -1,0 +1,49 @@
+# offload-launch: every command a person runs. `make demo` and `make test` set everything up themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# On a machine without an NVIDIA GPU take the CPU build of torch (this pip has torch 2.13.0 locally);
+# with a GPU let pip pick the CUDA build (or keep the one you installed).
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
+
+.PHONY: install demo test test-fast lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@# DeepSpeed's async_io op (NVMe offload) needs libaio's headers; install them when we can (root + apt).
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s libaio-dev >/dev/null 2>&1; then \
+		echo "installing libaio-dev (DeepSpeed async_io for NVMe offload)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libaio-dev >/dev/null) \
+		|| echo "warning: could not install libaio-dev; NVMe offload will be unavailable"; \
+	fi
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@echo "== Llama-2-7B on this machine (exit 3 means: does not fit here, and the table says why)"
+	-$(BIN)/offload-launch --model meta-llama/Llama-2-7b --dry-run
+	@echo
+	@echo "== Llama-2-7B on a described 24 GB workstation (recipes/hosts/1x-rtx4090-24g.yaml)"
+	$(BIN)/offload-launch --model meta-llama/Llama-2-7b --dry-run --host-spec recipes/hosts/1x-rtx4090-24g.yaml
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not e2e and not gpu"
+
+lint: $(STAMP)
+	$(BIN)/ruff check launcher tests
+	$(BIN)/ruff format --check launcher tests
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix launcher tests
+	$(BIN)/ruff format launcher tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

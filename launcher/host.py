@@ -1,0 +1,388 @@
+"""Host inspection: probe this machine live, or read a described host (`--host-spec`), into one HostProfile.
+
+The planner never knows which of the two it got. Described hosts touch nothing on the local machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import UserInputError, unknown_key_message
+from launcher.units import GB, parse_size
+
+# Nominal PCIe bandwidth per direction for an x16 link, from the seeds ("CPU Offload Math":
+# PCIe 3.0 x16 ~16 GB/s, 4.0 ~32 GB/s, 5.0 ~64 GB/s); per lane it is x16 / 16.
+PCIE_X16_BYTES_PER_S = {3: 16 * GB, 4: 32 * GB, 5: 64 * GB, 6: 128 * GB}
+DEFAULT_PCIE_GENERATION = 4
+DEFAULT_CPU_CORES = 16
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One node's GPUs (identical, as DeepSpeed's launcher assumes)."""
+
+    count: int
+    memory_bytes: int  # per GPU
+    name: str = "unknown GPU"
+    tflops: float | None = None  # dense bf16/fp16 TFLOP/s per GPU, when known
+    compute_capability: tuple[int, int] = (8, 0)
+
+    @property
+    def bf16(self) -> bool:
+        # bf16 tensor cores arrived with Ampere (compute capability 8.0).
+        return self.compute_capability >= (8, 0)
+
+
+@dataclass(frozen=True)
+class NvmeSpec:
+    path: str
+    free_bytes: int
+    is_nvme: bool | None = None  # None when unknown (described hosts)
+    aio_usable: bool | None = None  # DeepSpeed's async_io op can be built (libaio present)
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    source: str  # "live" or the described host's file
+    gpus: GpuSpec
+    cpu_memory_bytes: int  # per node
+    cpu_memory_available_bytes: int  # per node, now (described hosts: = total)
+    cpu_cores: int  # per node
+    nodes: int = 1
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_bandwidth_bytes_per_s: int | None = None  # explicit figure wins over generation x width
+    memlock_bytes: int | None = None  # None = unlimited
+    shm_bytes: int | None = None
+    nvme: NvmeSpec | None = None
+    cpu_flags: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpus.count > 0
+
+    @property
+    def accelerator(self) -> str:
+        return "cuda" if self.has_gpu else "cpu"
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Processes DeepSpeed starts per node: one per GPU, or one on the CPU accelerator."""
+        return max(self.gpus.count, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks_per_node * self.nodes
+
+    @property
+    def pcie_bytes_per_s(self) -> int:
+        """Host<->device bandwidth per direction: explicit figure, else nominal for generation and width."""
+        if self.pcie_bandwidth_bytes_per_s:
+            return self.pcie_bandwidth_bytes_per_s
+        generation = self.pcie_generation or DEFAULT_PCIE_GENERATION
+        x16 = PCIE_X16_BYTES_PER_S.get(generation, PCIE_X16_BYTES_PER_S[DEFAULT_PCIE_GENERATION])
+        return x16 * (self.pcie_width or 16) // 16
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "accelerator": self.accelerator,
+            "nodes": self.nodes,
+            "gpus": {
+                "count": self.gpus.count,
+                "memory_bytes": self.gpus.memory_bytes,
+                "name": self.gpus.name,
+                "tflops": self.gpus.tflops,
+                "compute_capability": ".".join(map(str, self.gpus.compute_capability)),
+                "bf16": self.gpus.bf16,
+            },
+            "cpu_memory_bytes": self.cpu_memory_bytes,
+            "cpu_memory_available_bytes": self.cpu_memory_available_bytes,
+            "cpu_cores": self.cpu_cores,
+            "cpu_simd": [f for f in ("avx512f", "avx2") if f in self.cpu_flags],
+            "pcie": {
+                "generation": self.pcie_generation,
+                "width": self.pcie_width,
+                "bandwidth_bytes_per_s": self.pcie_bytes_per_s,
+            },
+            "memlock_bytes": self.memlock_bytes,
+            "shm_bytes": self.shm_bytes,
+            "nvme": None
+            if self.nvme is None
+            else {
+                "path": self.nvme.path,
+                "free_bytes": self.nvme.free_bytes,
+                "is_nvme": self.nvme.is_nvme,
+                "aio_usable": self.nvme.aio_usable,
+            },
+            "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------------------------------------- live
+
+
+def _probe_gpus() -> tuple[GpuSpec, int | None, int | None, list[str]]:
+    """GPUs through NVML. No driver / no GPU is a valid answer: count 0."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVIDIA driver: plan for DeepSpeed's CPU accelerator
+        return GpuSpec(count=0, memory_bytes=0, name="none"), None, None, []
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return GpuSpec(count=0, memory_bytes=0, name="none"), None, None, []
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        names = {pynvml.nvmlDeviceGetName(h) for h in handles}
+        memory = min(pynvml.nvmlDeviceGetMemoryInfo(h).total for h in handles)
+        capability = min(pynvml.nvmlDeviceGetCudaComputeCapability(h) for h in handles)
+        notes = [f"GPUs differ ({', '.join(map(str, names))}); planning for the smallest"] if len(names) > 1 else []
+        try:
+            generation = min(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h) for h in handles)
+            width = min(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h) for h in handles)
+        except pynvml.NVMLError:
+            generation = width = None
+        name = next(iter(names))
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return GpuSpec(count, int(memory), name, None, tuple(capability)), generation, width, notes
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return tuple(sorted(set(line.split(":", 1)[1].split()) & {"avx512f", "avx2", "avx", "fma"}))
+    except OSError:
+        pass
+    return ()
+
+
+def _memlock_bytes() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _is_nvme_backed(path: Path) -> bool | None:
+    """Follow the path's block device through /sys to see whether an NVMe controller backs it."""
+    try:
+        dev = os.stat(path).st_dev
+        sys_path = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    except OSError:
+        return None
+    if not sys_path.exists():
+        return None  # overlay, tmpfs, network file systems: no single block device
+    return "nvme" in str(sys_path)
+
+
+def aio_usable() -> bool:
+    """Whether DeepSpeed's async_io op (libaio) can be built here: what NVMe offload needs."""
+    try:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        return bool(AsyncIOBuilder().is_compatible(verbose=False))
+    except Exception:  # noqa: BLE001 - deepspeed missing or broken: not usable
+        return False
+
+
+def probe_nvme(path: str) -> NvmeSpec:
+    target = Path(path).expanduser()
+    if not target.exists():
+        raise UserInputError(f"--nvme-path {path} does not exist; create it (mkdir -p {path}) or pass another folder")
+    if not target.is_dir():
+        raise UserInputError(f"--nvme-path {path} is not a directory; pass a folder on a fast local disk")
+    if not os.access(target, os.W_OK):
+        raise UserInputError(f"--nvme-path {path} is not writable by this user; pick a folder you can write to")
+    return NvmeSpec(
+        path=str(target),
+        free_bytes=shutil.disk_usage(target).free,
+        is_nvme=_is_nvme_backed(target),
+        aio_usable=aio_usable(),
+    )
+
+
+def probe_host(nvme_path: str | None = None) -> HostProfile:
+    """Read this machine: NVML, psutil, /proc, rlimits, /dev/shm, and the NVMe folder when given."""
+    import psutil
+
+    gpus, generation, width, notes = _probe_gpus()
+    memory = psutil.virtual_memory()
+    try:
+        shm = shutil.disk_usage("/dev/shm").total
+    except OSError:
+        shm = None
+    if not gpus.count:
+        notes.append("no NVIDIA GPU found: planning for DeepSpeed's CPU accelerator (device memory is CPU RAM)")
+    return HostProfile(
+        source="live",
+        gpus=gpus,
+        cpu_memory_bytes=int(memory.total),
+        cpu_memory_available_bytes=int(memory.available),
+        cpu_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        pcie_generation=generation,
+        pcie_width=width,
+        memlock_bytes=_memlock_bytes(),
+        shm_bytes=shm,
+        nvme=probe_nvme(nvme_path) if nvme_path else None,
+        cpu_flags=_cpu_flags(),
+        notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- described
+
+_TOP_KEYS = {"name", "gpus", "nodes", "cpu_memory", "cpu_cores", "pcie", "nvme", "memlock", "shm"}
+_GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability"}
+_PCIE_KEYS = {"generation", "width", "bandwidth"}
+_NVME_KEYS = {"path", "free", "is_nvme"}
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """'gpus.memory' -> 1-based line, so errors can point into the file."""
+    import yaml
+
+    lines: dict[str, int] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                dotted = f"{prefix}{key_node.value}"
+                lines[dotted] = key_node.start_mark.line + 1
+                walk(value_node, dotted + ".")
+
+    try:
+        walk(yaml.compose(text), "")
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def _check_keys(section: dict, allowed: set[str], where: str, path: str, lines: dict[str, int], prefix: str) -> None:
+    for key in section:
+        if key not in allowed:
+            line = lines.get(prefix + str(key))
+            at = f"{path}:{line}" if line else path
+            raise UserInputError(unknown_key_message(str(key), allowed, f"{where} ({at})"))
+
+
+def _number(value: object, what: str, *, integer: bool = True, minimum: float = 0) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise UserInputError(f"{what}: expected {kind}, got {value!r}")
+    if value < minimum:
+        raise UserInputError(f"{what}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _mapping(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserInputError(f"{what}: expected a mapping of keys, got {value!r}")
+    return value
+
+
+def load_host_spec(path: str) -> HostProfile:
+    """A described host from YAML or JSON. Nothing on this machine is read or checked."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"--host-spec {path} does not exist; pass a YAML or JSON host description")
+    text = file.read_text()
+    try:
+        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserInputError(f"{where}: invalid YAML: {problem}") from None
+    spec = _mapping(data, f"{path}")
+    lines = _key_lines(text) if file.suffix != ".json" else {}
+    _check_keys(spec, _TOP_KEYS, "host description", path, lines, "")
+    for required in ("gpus", "cpu_memory"):
+        if required not in spec:
+            raise UserInputError(f"{path}: missing required key '{required}' (see README, 'Described hosts')")
+
+    gpus_raw = _mapping(spec["gpus"], f"{path}: gpus")
+    _check_keys(gpus_raw, _GPU_KEYS, "gpus", path, lines, "gpus.")
+    count = int(_number(gpus_raw.get("count", 0), f"{path}: gpus.count"))
+    if count and "memory" not in gpus_raw:
+        raise UserInputError(f"{path}: missing required key 'gpus.memory' (memory per GPU, e.g. 80GiB)")
+    capability = str(gpus_raw.get("compute_capability", "8.0"))
+    try:
+        major, minor = (int(x) for x in capability.split("."))
+    except ValueError:
+        raise UserInputError(f"{path}: gpus.compute_capability must look like '8.0', got {capability!r}") from None
+    tflops = gpus_raw.get("tflops")
+    gpus = GpuSpec(
+        count=count,
+        memory_bytes=parse_size(gpus_raw.get("memory", 0), f"{path}: gpus.memory") if count else 0,
+        name=str(gpus_raw.get("name", "unknown GPU" if count else "none")),
+        tflops=None if tflops is None else float(_number(tflops, f"{path}: gpus.tflops", integer=False)),
+        compute_capability=(major, minor),
+    )
+
+    pcie = _mapping(spec.get("pcie", {}), f"{path}: pcie")
+    _check_keys(pcie, _PCIE_KEYS, "pcie", path, lines, "pcie.")
+    generation = pcie.get("generation")
+    if generation is not None and generation not in PCIE_X16_BYTES_PER_S:
+        raise UserInputError(f"{path}: pcie.generation must be one of 3, 4, 5, 6; got {generation!r}")
+    width = pcie.get("width")
+    if width is not None and width not in (1, 2, 4, 8, 16):
+        raise UserInputError(f"{path}: pcie.width must be one of 1, 2, 4, 8, 16; got {width!r}")
+    bandwidth = pcie.get("bandwidth")
+
+    nvme = None
+    if spec.get("nvme") is not None:
+        nvme_raw = _mapping(spec["nvme"], f"{path}: nvme")
+        _check_keys(nvme_raw, _NVME_KEYS, "nvme", path, lines, "nvme.")
+        for required in ("path", "free"):
+            if required not in nvme_raw:
+                raise UserInputError(f"{path}: missing required key 'nvme.{required}'")
+        nvme = NvmeSpec(
+            path=str(nvme_raw["path"]),
+            free_bytes=parse_size(nvme_raw["free"], f"{path}: nvme.free"),
+            is_nvme=bool(nvme_raw.get("is_nvme", True)),
+            aio_usable=True,
+        )
+
+    cpu_memory = parse_size(spec["cpu_memory"], f"{path}: cpu_memory")
+    memlock = spec.get("memlock", "unlimited")
+    return HostProfile(
+        source=str(path),
+        gpus=gpus,
+        nodes=int(_number(spec.get("nodes", 1), f"{path}: nodes", minimum=1)),
+        cpu_memory_bytes=cpu_memory,
+        cpu_memory_available_bytes=cpu_memory,
+        cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), f"{path}: cpu_cores", minimum=1)),
+        pcie_generation=generation,
+        pcie_width=width,
+        pcie_bandwidth_bytes_per_s=None if bandwidth is None else parse_size(bandwidth, f"{path}: pcie.bandwidth", per_second=True),
+        memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, f"{path}: memlock"),
+        shm_bytes=parse_size(spec["shm"], f"{path}: shm") if "shm" in spec else cpu_memory // 2,
+        nvme=nvme,
+        cpu_flags=("avx2", "avx512f"),
+        notes=(f"described host {spec['name']}",) if "name" in spec else (),
+    )
+
+
+def with_nvme_path(host: HostProfile, nvme_path: str) -> HostProfile:
+    """A described host given `--nvme-path`: keep its NVMe capacity, use the user's folder name."""
+    from dataclasses import replace
+
+    if host.nvme is None:
+        raise UserInputError(
+            f"--nvme-path {nvme_path} given, but the host description {host.source} has no 'nvme' section; "
+            "add nvme: {path: ..., free: ...} to it"
+        )
+    return replace(host, nvme=replace(host.nvme, path=nvme_path))
