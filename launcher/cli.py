@@ -17,7 +17,7 @@ RUN_EPILOG = """\b
 Examples:
   offload-launch --model meta-llama/Llama-2-7b --dry-run
   offload-launch --model ./my-model-dir --dry-run --json --host-spec recipes/hosts/1x-a100-80g.yaml --config-out ds.json
-  offload-launch --model meta-llama/Llama-2-70b-hf --dry-run --host-spec recipes/hosts/1x-h100-80g.yaml --nvme-path /local_nvme
+  offload-launch --model meta-llama/Llama-2-70b-hf --dry-run --host-spec recipes/hosts/1x-h100-80g.yaml
   offload-launch --model mistralai/Mistral-7B --dry-run --zero-stage 3 --offload-optimizer cpu
 """
 
@@ -68,28 +68,62 @@ def cli() -> None:
 def plan_options(func):
     """Options shared by every command that makes a plan."""
     options = [
-        click.option("--model", "model_spec", required=True, metavar="ID|DIR",
-                     help="Hugging Face hub id (e.g. meta-llama/Llama-2-7b) or a local directory with config.json."),
+        click.option(
+            "--model",
+            "model_spec",
+            required=True,
+            metavar="ID|DIR",
+            help="Hugging Face hub id (e.g. meta-llama/Llama-2-7b) or a local directory with config.json.",
+        ),
         click.option("--trust-remote-code", is_flag=True, help="Allow model code shipped with the checkpoint."),
-        click.option("--host-spec", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="Plan for a described host (YAML/JSON) instead of probing this machine."),
+        click.option(
+            "--host-spec",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="Plan for a described host (YAML/JSON) instead of probing this machine.",
+        ),
         click.option("--nvme-path", metavar="DIR", help="Folder on a local NVMe drive for ZeRO-Infinity swap files."),
         click.option("--num-gpus", type=int, help="Ranks per node (default: every GPU; 1 on a CPU-only host)."),
-        click.option("--zero-stage", type=click.Choice(["auto", "1", "2", "3"]), default="auto", show_default=True,
-                     help="Pin the ZeRO stage."),
-        click.option("--offload-optimizer", type=click.Choice(["auto", "none", "cpu", "nvme"]), default="auto",
-                     show_default=True, help="Pin where the optimizer states and the Adam step live."),
-        click.option("--offload-param", type=click.Choice(["auto", "none", "cpu", "nvme"]), default="auto",
-                     show_default=True, help="Pin where the 16-bit parameters live (cpu/nvme need ZeRO-3)."),
+        click.option(
+            "--zero-stage",
+            type=click.Choice(["auto", "1", "2", "3"]),
+            default="auto",
+            show_default=True,
+            help="Pin the ZeRO stage.",
+        ),
+        click.option(
+            "--offload-optimizer",
+            type=click.Choice(["auto", "none", "cpu", "nvme"]),
+            default="auto",
+            show_default=True,
+            help="Pin where the optimizer states and the Adam step live.",
+        ),
+        click.option(
+            "--offload-param",
+            type=click.Choice(["auto", "none", "cpu", "nvme"]),
+            default="auto",
+            show_default=True,
+            help="Pin where the 16-bit parameters live (cpu/nvme need ZeRO-3).",
+        ),
         click.option("--seq-len", type=int, help="Tokens per sequence [default: model maximum, at most 2048]."),
         click.option("--allow-long-seq", is_flag=True, help="Allow --seq-len above the model's max positions."),
         click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per rank per step."),
-        click.option("--grad-accum", type=int, default=1, show_default=True,
-                     help="Micro-batches accumulated per optimizer step."),
-        click.option("--precision", type=click.Choice(["auto", "bf16", "fp16"]), default="auto", show_default=True,
-                     help="16-bit format (auto: bf16 where the GPU has it)."),
-        click.option("--activation-checkpointing/--no-activation-checkpointing", default=True, show_default=True,
-                     help="Recompute activations in backward to save memory."),
+        click.option(
+            "--grad-accum", type=int, default=1, show_default=True, help="Micro-batches accumulated per optimizer step."
+        ),
+        click.option(
+            "--precision",
+            type=click.Choice(["auto", "bf16", "fp16"]),
+            default="auto",
+            show_default=True,
+            help="16-bit format (auto: bf16 where the GPU has it).",
+        ),
+        click.option(
+            "--activation-checkpointing/--no-activation-checkpointing",
+            default=True,
+            show_default=True,
+            help="Recompute activations in backward to save memory.",
+        ),
         click.option("--lr", type=float, default=2e-5, show_default=True, help="Peak learning rate."),
         click.option("--warmup-steps", type=int, default=10, show_default=True, help="Linear warm-up steps."),
         click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps."),
@@ -106,11 +140,20 @@ def build_plan(opts: dict):
     from launcher.plan import Workload, make_plan
 
     workload = Workload(
-        seq_len=opts["seq_len"], micro_batch=opts["micro_batch"], grad_accum=opts["grad_accum"],
-        precision=opts["precision"], activation_checkpointing=opts["activation_checkpointing"],
-        num_gpus=opts["num_gpus"], zero_stage=opts["zero_stage"], offload_optimizer=opts["offload_optimizer"],
-        offload_param=opts["offload_param"], nvme_path=opts["nvme_path"], lr=opts["lr"],
-        warmup_steps=opts["warmup_steps"], steps=opts["steps"], allow_long_seq=opts["allow_long_seq"],
+        seq_len=opts["seq_len"],
+        micro_batch=opts["micro_batch"],
+        grad_accum=opts["grad_accum"],
+        precision=opts["precision"],
+        activation_checkpointing=opts["activation_checkpointing"],
+        num_gpus=opts["num_gpus"],
+        zero_stage=opts["zero_stage"],
+        offload_optimizer=opts["offload_optimizer"],
+        offload_param=opts["offload_param"],
+        nvme_path=opts["nvme_path"],
+        lr=opts["lr"],
+        warmup_steps=opts["warmup_steps"],
+        steps=opts["steps"],
+        allow_long_seq=opts["allow_long_seq"],
     )
     if opts["host_spec"]:
         host = load_host_spec(opts["host_spec"])
@@ -126,8 +169,9 @@ def build_plan(opts: dict):
 @plan_options
 @click.option("--dry-run", is_flag=True, help="Print the plan and the ds_config; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object (see README, 'JSON contract').")
-@click.option("--config-out", type=click.Path(dir_okay=False, writable=True), metavar="PATH",
-              help="Write the ds_config to PATH.")
+@click.option(
+    "--config-out", type=click.Path(dir_okay=False, writable=True), metavar="PATH", help="Write the ds_config to PATH."
+)
 @user_errors
 def run(dry_run: bool, as_json: bool, config_out: str | None, **opts) -> None:
     """Plan (and, with --data, train). Without --data this prints the plan: a dry run."""

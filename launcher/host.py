@@ -5,6 +5,7 @@ The planner never knows which of the two it got. Described hosts touch nothing o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -158,12 +159,14 @@ def _probe_gpus() -> tuple[GpuSpec, int | None, int | None, list[str]]:
 
 
 def _cpu_flags() -> tuple[str, ...]:
+    """The SIMD flags CPU-Adam's speed depends on (Linux /proc/cpuinfo; empty elsewhere)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return tuple(sorted(set(line.split(":", 1)[1].split()) & {"avx512f", "avx2", "avx", "fma"}))
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        return ()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return tuple(sorted(set(line.split(":", 1)[1].split()) & {"avx512f", "avx2", "avx", "fma"}))
     return ()
 
 
@@ -259,10 +262,8 @@ def _key_lines(text: str) -> dict[str, int]:
                 lines[dotted] = key_node.start_mark.line + 1
                 walk(value_node, dotted + ".")
 
-    try:
+    with contextlib.suppress(yaml.YAMLError):  # syntax errors are reported by the loader, with their line
         walk(yaml.compose(text), "")
-    except yaml.YAMLError:
-        pass
     return lines
 
 
@@ -367,7 +368,9 @@ def load_host_spec(path: str) -> HostProfile:
         cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), f"{path}: cpu_cores", minimum=1)),
         pcie_generation=generation,
         pcie_width=width,
-        pcie_bandwidth_bytes_per_s=None if bandwidth is None else parse_size(bandwidth, f"{path}: pcie.bandwidth", per_second=True),
+        pcie_bandwidth_bytes_per_s=None
+        if bandwidth is None
+        else parse_size(bandwidth, f"{path}: pcie.bandwidth", per_second=True),
         memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, f"{path}: memlock"),
         shm_bytes=parse_size(spec["shm"], f"{path}: shm") if "shm" in spec else cpu_memory // 2,
         nvme=nvme,

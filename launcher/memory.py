@@ -253,9 +253,7 @@ def estimate(
     if strategy.zero_stage >= 3:
         gpu["gathered layer"] = gathered_param_bytes(shape.layer_params, shape.largest_param_numel)
         gpu["persistent small params"] = persistent_param_bytes(shape.persistent_params)
-    gpu["activations"] = activation_bytes(
-        seq_len, micro_batch, shape.hidden_size, shape.num_layers, checkpointing
-    )
+    gpu["activations"] = activation_bytes(seq_len, micro_batch, shape.hidden_size, shape.num_layers, checkpointing)
     gpu["logits"] = logits_bytes(seq_len, micro_batch, shape.vocab_size)
     if has_gpu:
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES

@@ -200,7 +200,7 @@ def _load_config(location: Path, trust_remote_code: bool):
         ) from None
 
 
-def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool]:
+def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool, str]:
     """Every (name, numel) of the model built on PyTorch's meta device: exact, instant, no memory.
     `named_parameters()` yields a shared (tied) tensor once."""
     import torch
@@ -220,7 +220,7 @@ def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int
     out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
     if out_emb is not None and in_emb is not None:
         tied = out_emb.weight is in_emb.weight
-    return named, tied
+    return named, tied, type(model).__name__
 
 
 def _first(config, *names: str, default: int = 0) -> int:
@@ -231,11 +231,13 @@ def _first(config, *names: str, default: int = 0) -> int:
     return default
 
 
-def inspect_model(spec: str, *, trust_remote_code: bool = False, hub_timeout: float = HUB_TIMEOUT_SECONDS) -> ModelProfile:
+def inspect_model(
+    spec: str, *, trust_remote_code: bool = False, hub_timeout: float = HUB_TIMEOUT_SECONDS
+) -> ModelProfile:
     location, source, name = resolve_config_dir(spec, hub_timeout=hub_timeout)
     config = _load_config(location, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    named, tied = _count_on_meta(config, trust_remote_code)
+    named, tied, architecture = _count_on_meta(config, trust_remote_code)
     if not named:
         raise UserInputError(f"model '{spec}' has no parameters")
     largest_name, largest = max(named, key=lambda item: item[1])
@@ -255,7 +257,7 @@ def inspect_model(spec: str, *, trust_remote_code: bool = False, hub_timeout: fl
         name=name,
         source=source,
         config_dir=str(location),
-        architecture=(getattr(config, "architectures", None) or [type(config).__name__])[0],
+        architecture=architecture,
         model_type=config.model_type,
         params=sum(n for _, n in named),
         largest_param_numel=largest,

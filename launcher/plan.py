@@ -70,8 +70,11 @@ class Workload:
 
     def __post_init__(self) -> None:
         errors = []
-        for flag, value in (("--micro-batch", self.micro_batch), ("--grad-accum", self.grad_accum),
-                            ("--steps", self.steps)):
+        for flag, value in (
+            ("--micro-batch", self.micro_batch),
+            ("--grad-accum", self.grad_accum),
+            ("--steps", self.steps),
+        ):
             if value < 1:
                 errors.append(f"{flag} must be at least 1, got {value}")
         if self.seq_len is not None and self.seq_len < 1:
@@ -126,8 +129,13 @@ class Candidate:
         return not self.problems
 
     def to_json(self) -> dict:
-        return {**self.strategy.to_json(), "label": self.strategy.label, "fits": self.fits,
-                "problems": list(self.problems), **self.memory.to_json()}
+        return {
+            **self.strategy.to_json(),
+            "label": self.strategy.label,
+            "fits": self.fits,
+            "problems": list(self.problems),
+            **self.memory.to_json(),
+        }
 
 
 @dataclass(frozen=True)
@@ -185,9 +193,7 @@ def fit_problems(strategy: Strategy, estimate: MemoryEstimate, host: HostProfile
         if host.nvme is None:
             problems.append("no NVMe: pass --nvme-path DIR")
         elif estimate.nvme_bytes > usable_nvme_bytes(host):
-            problems.append(
-                f"NVMe needs {fmt_bytes(estimate.nvme_bytes)} > {fmt_bytes(usable_nvme_bytes(host))} free"
-            )
+            problems.append(f"NVMe needs {fmt_bytes(estimate.nvme_bytes)} > {fmt_bytes(usable_nvme_bytes(host))} free")
     return tuple(problems)
 
 
@@ -209,10 +215,12 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
     h = model.hidden_size
     sub_group = DEFAULT_SUB_GROUP_SIZE
     if strategy.offload_optimizer == "nvme":
-        # Optimizer swap buffers pin (buffer_count + 1) x sub-group x 4 B per rank [DS-swap]: cap them at a
-        # tenth of the node's RAM, never below 10M elements.
-        budget = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks
-        sub_group = int(min(DEFAULT_SUB_GROUP_SIZE, max(10_000_000, budget / ((OPTIMIZER_BUFFER_COUNT + 1) * 4))))
+        # Optimizer swap buffers pin (buffer_count + 1) x largest sub-group x 4 B per rank [DS-swap], and a
+        # sub-group can overshoot sub_group_size by one partition: cap the buffers at a tenth of the node's
+        # RAM, never below 10M elements.
+        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((OPTIMIZER_BUFFER_COUNT + 1) * 4)
+        overshoot = -(-model.largest_param_numel // world)
+        sub_group = int(min(DEFAULT_SUB_GROUP_SIZE, max(10_000_000, budget_numel - overshoot)))
     return Buckets(
         reduce_bucket_size=h * h,
         allgather_bucket_size=h * h,
@@ -241,7 +249,8 @@ def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
 def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
     """What pin_memory would page-lock per process: the offloaded CPU state and the swap buffers."""
     per_node = sum(
-        v for k, v in candidate.memory.cpu_terms.items()
+        v
+        for k, v in candidate.memory.cpu_terms.items()
         if k not in ("process baseline", "model load peak (transient)", "device memory (CPU accelerator)")
     )
     return per_node // ranks
@@ -295,9 +304,15 @@ def make_plan(model: ModelProfile, host: HostProfile, workload: Workload) -> Pla
             continue
         buckets = size_buckets(model, host, strategy, world, ranks)
         estimate = memory.estimate(
-            model_shape(model, buckets), strategy, buckets,
-            world=world, ranks_per_node=ranks, seq_len=workload.seq_len, micro_batch=workload.micro_batch,
-            checkpointing=workload.activation_checkpointing, has_gpu=host.has_gpu,
+            model_shape(model, buckets),
+            strategy,
+            buckets,
+            world=world,
+            ranks_per_node=ranks,
+            seq_len=workload.seq_len,
+            micro_batch=workload.micro_batch,
+            checkpointing=workload.activation_checkpointing,
+            has_gpu=host.has_gpu,
         )
         candidates.append(Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host)))
 
@@ -307,8 +322,9 @@ def make_plan(model: ModelProfile, host: HostProfile, workload: Workload) -> Pla
     if chosen is not None:
         pin, pin_warning = decide_pin_memory(chosen, host, ranks)
         warnings += pin_warning
-    return Plan(model, host, workload, precision, ranks, tuple(candidates), chosen, tuple(reasons),
-                tuple(warnings), pin)
+    return Plan(
+        model, host, workload, precision, ranks, tuple(candidates), chosen, tuple(reasons), tuple(warnings), pin
+    )
 
 
 def decide_pin_memory(chosen: Candidate, host: HostProfile, ranks: int) -> tuple[bool, list[str]]:
@@ -354,10 +370,19 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
             "optimizer offloaded: ds_config uses AdamW so DeepSpeed builds DeepSpeedCPUAdam; "
             f"PCIe moves >= 4 B/param per optimizer step ({fmt_bytes(4 * params)}, [seeds])"
         )
-    if host.nvme and host.nvme.is_nvme is False and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param):
+    if (
+        host.nvme
+        and host.nvme.is_nvme is False
+        and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param)
+    ):
         warnings.append(f"{host.nvme.path} is not on an NVMe device: swapping will be slow")
-    if host.nvme and host.nvme.aio_usable is False and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param):
-        warnings.append("DeepSpeed's async_io op is not usable (libaio missing): install libaio-dev (Debian/Ubuntu) "
-                        "or libaio-devel (RHEL) before training")
+    if (
+        host.nvme
+        and host.nvme.aio_usable is False
+        and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param)
+    ):
+        warnings.append(
+            "DeepSpeed's async_io op is not usable (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL) before training"
+        )
     return reasons, warnings
-

@@ -80,10 +80,12 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     usable_nvme = planning.usable_nvme_bytes(h) if h.nvme else None
     gpu_head = "GPU/device" if h.has_gpu else "per rank*"
     header = f"  {'strategy':<34}{gpu_head:>13}{'CPU/node':>13}{'NVMe/node':>13}  fits"
-    lines.append("Candidates (bytes needed; usable: "
-                 f"GPU {fmt_bytes(usable_gpu) if usable_gpu else '-'}, "
-                 f"CPU {fmt_bytes(planning.usable_cpu_bytes(h))}, "
-                 f"NVMe {fmt_bytes(usable_nvme) if usable_nvme is not None else '-'})")
+    lines.append(
+        "Candidates (bytes needed; usable: "
+        f"GPU {fmt_bytes(usable_gpu) if usable_gpu else '-'}, "
+        f"CPU {fmt_bytes(planning.usable_cpu_bytes(h))}, "
+        f"NVMe {fmt_bytes(usable_nvme) if usable_nvme is not None else '-'})"
+    )
     lines.append(header)
     for c in plan.candidates:
         mark = ">" if c is plan.chosen else " "
@@ -98,8 +100,11 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     if plan.chosen:
         lines.append(f"Choice    {plan.chosen.strategy.label}")
         lines.append("  where the memory goes (per GPU / CPU node / NVMe node):")
-        for tier, terms in (("GPU", plan.chosen.memory.gpu_terms), ("CPU", plan.chosen.memory.cpu_terms),
-                            ("NVMe", plan.chosen.memory.nvme_terms)):
+        for tier, terms in (
+            ("GPU", plan.chosen.memory.gpu_terms),
+            ("CPU", plan.chosen.memory.cpu_terms),
+            ("NVMe", plan.chosen.memory.nvme_terms),
+        ):
             if terms:
                 parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in terms.items() if v)
                 lines.append(f"    {tier:<5}{parts}")

@@ -1,0 +1,59 @@
+"""Shared fixtures. Nothing here touches the network: hub lookups are forced offline, models are built
+from transformers config classes into tmp_path, hardware is described in YAML."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub; bundled configs and tmp_path models only
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTS = REPO / "recipes" / "hosts"
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    fields = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def save_config(config, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def tiny_llama_dir(tmp_path: Path) -> Path:
+    return save_config(tiny_llama_config(), tmp_path / "tiny-llama")
+
+
+@pytest.fixture
+def write_host(tmp_path: Path):
+    """Write a described host (YAML text) and return its path."""
+
+    def write(text: str, name: str = "host.yaml") -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def host_path(name: str) -> str:
+    return str(HOSTS / f"{name}.yaml")
