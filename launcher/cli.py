@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from launcher import __version__
-from launcher.errors import DoesNotFit, OffloadLaunchError
+from launcher.errors import DoesNotFit, OffloadLaunchError, UserInputError
 
 RUN_EPILOG = """\b
 Examples:
@@ -19,6 +20,9 @@ Examples:
   offload-launch --model ./my-model-dir --dry-run --json --host-spec recipes/hosts/1x-a100-80g.yaml --config-out ds.json
   offload-launch --model meta-llama/Llama-2-70b-hf --dry-run --host-spec recipes/hosts/1x-h100-80g.yaml
   offload-launch --model mistralai/Mistral-7B --dry-run --zero-stage 3 --offload-optimizer cpu
+  offload-launch --model meta-llama/Llama-2-7b --data ./ds --output-dir runs/llama7b --steps 1000
+  offload-launch --model ./tiny --data ./ds --num-gpus 2 --steps 50
+  offload-launch --model M --data ./ds --hostfile hosts.txt --dry-run -- --ssh_port 2222
 """
 
 
@@ -59,9 +63,9 @@ class DefaultGroup(click.Group):
 def cli() -> None:
     """Plan, configure and launch DeepSpeed fine-tuning of models bigger than your GPU.
 
-    `offload-launch --model M --dry-run` is short for `offload-launch run --model M --dry-run`:
-    it sizes the model exactly, reads the host (or a described one), picks the ZeRO stage and
-    offload tiers with the decision framework, and prints the plan and a validated ds_config.
+    `offload-launch --model M ...` is short for `offload-launch run --model M ...`: it sizes the model
+    exactly, reads the host (or a described one), picks the ZeRO stage and offload tiers with the
+    decision framework, writes a validated ds_config, and with --data trains with DeepSpeed.
     """
 
 
@@ -133,8 +137,82 @@ def plan_options(func):
     return func
 
 
+def train_options(func):
+    """Options of a training run (used when --data is given)."""
+    options = [
+        click.option(
+            "--data",
+            metavar="PATH",
+            help="Training data: a datasets save_to_disk folder, or .jsonl/.json/.txt/.parquet/.csv files.",
+        ),
+        click.option("--text-field", default="text", show_default=True, help="Field holding the text."),
+        click.option("--tokenizer", metavar="ID|DIR", help="Tokenizer source when the model folder has none."),
+        click.option("--output-dir", metavar="DIR", help="Run folder [default: runs/<model name>]."),
+        click.option("--epochs", type=float, help="Passes over the data (overrides --steps)."),
+        click.option(
+            "--save-every",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Checkpoint every N optimizer steps (0: only at the end).",
+        ),
+        click.option(
+            "--keep-checkpoints", type=int, default=2, show_default=True, help="Complete checkpoints to keep."
+        ),
+        click.option(
+            "--resume/--no-resume",
+            default=True,
+            show_default=True,
+            help="Continue from the newest complete checkpoint in --output-dir, or start over.",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed for data order and init."),
+        click.option("--force", is_flag=True, help="Reuse an --output-dir that holds a different run."),
+        click.option(
+            "--hostfile",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="DeepSpeed hostfile ('host slots=N' per line) for several machines.",
+        ),
+        click.option(
+            "--launcher",
+            "multinode_launcher",
+            type=click.Choice(["pdsh", "openmpi", "mvapich", "slurm"]),
+            default="pdsh",
+            show_default=True,
+            help="How DeepSpeed reaches the other machines.",
+        ),
+        click.option("--master-addr", help="Address of the rank-0 machine (multi-node)."),
+        click.option("--master-port", type=int, help="Rendezvous port [default: a free port]."),
+        click.option(
+            "--bind-cores/--no-bind-cores",
+            default=False,
+            show_default=True,
+            help="Pin each rank to its share of cores (DeepSpeed --bind_cores_to_rank, needs numactl).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def hostfile_nodes(path: str) -> int:
+    """Machines listed in a DeepSpeed hostfile ('hostname slots=N', '#' comments)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise UserInputError(
+            f"--hostfile {path}: {exc.strerror}; pass a file with one 'hostname slots=N' per line"
+        ) from None
+    hosts = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not hosts:
+        raise UserInputError(f"--hostfile {path} lists no hosts; write one 'hostname slots=N' per line")
+    return len(hosts)
+
+
 def build_plan(opts: dict):
-    """Inspect the model and host, then plan. Heavy imports stay inside so `--help` is instant."""
+    """Inspect the host and the model, then plan. Heavy imports stay inside so `--help` is instant."""
+    from dataclasses import replace
+
     from launcher.host import load_host_spec, probe_host, with_nvme_path
     from launcher.model import inspect_model
     from launcher.plan import Workload, make_plan
@@ -161,39 +239,113 @@ def build_plan(opts: dict):
             host = with_nvme_path(host, opts["nvme_path"])
     else:
         host = probe_host(opts["nvme_path"])
+    if opts.get("hostfile"):
+        host = replace(host, nodes=hostfile_nodes(opts["hostfile"]))
     model = inspect_model(opts["model_spec"], trust_remote_code=opts["trust_remote_code"])
     return make_plan(model, host, workload)
 
 
-@cli.command("run", epilog=RUN_EPILOG)
-@plan_options
-@click.option("--dry-run", is_flag=True, help="Print the plan and the ds_config; start nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object (see README, 'JSON contract').")
-@click.option(
-    "--config-out", type=click.Path(dir_okay=False, writable=True), metavar="PATH", help="Write the ds_config to PATH."
-)
-@user_errors
-def run(dry_run: bool, as_json: bool, config_out: str | None, **opts) -> None:
-    """Plan (and, with --data, train). Without --data this prints the plan: a dry run."""
-    from launcher import dsconfig, report
+def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
+    from launcher import report
 
-    plan = build_plan(opts)
-    ds_config = None
-    if plan.chosen is not None:
-        ds_config = dsconfig.render(plan)
-        dsconfig.validate(ds_config, plan.world_size)
     if as_json:
         click.echo(json.dumps(report.plan_json(plan, ds_config), indent=2))
     else:
-        click.echo(report.plan_text(plan, ds_config))
+        click.echo(report.plan_text(plan, ds_config, show_config=show_config))
     if plan.chosen is None:
         raise DoesNotFit(
             f"{plan.model.name} does not fit this host with any allowed strategy; see the candidates table"
         )
+
+
+@cli.command("run", epilog=RUN_EPILOG)
+@plan_options
+@train_options
+@click.option("--dry-run", is_flag=True, help="Print the plan, the ds_config and the launch command; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object (see README, 'JSON contract').")
+@click.option(
+    "--config-out", type=click.Path(dir_okay=False, writable=True), metavar="PATH", help="Write the ds_config to PATH."
+)
+@click.argument("launcher_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- DEEPSPEED_LAUNCHER_ARGS]")
+@user_errors
+def run(dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tuple[str, ...], **opts) -> None:
+    """Plan, write the config and, with --data, train: DeepSpeed's own launcher on a real training loop
+    with DeepSpeedCPUAdam, checkpoints, resume and export. Without --data it prints the plan."""
+    from launcher import dsconfig
+
+    if opts["data"] is None:
+        plan = build_plan(opts)
+        ds_config = dsconfig.render(plan) if plan.chosen else None
+        if ds_config is not None:
+            dsconfig.validate(ds_config, plan.world_size)
+        show_plan(plan, ds_config, as_json)
+        if config_out:
+            Path(config_out).write_text(json.dumps(ds_config, indent=2) + "\n")
+            if not as_json:
+                click.echo(f"\nwrote {config_out}")
+        if not dry_run and not as_json:
+            click.echo("\n(plan only: add --data PATH to train)")
+        return
+    train(opts, dry_run=dry_run, as_json=as_json, config_out=config_out, launcher_args=launcher_args)
+
+
+def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tuple[str, ...]) -> None:
+    from launcher import job as jobs
+    from launcher import launch, rundir
+
+    output_dir = opts["output_dir"] or rundir.default_output_dir(opts["model_spec"])
+    job_opts = jobs.JobOptions(
+        data=opts["data"],
+        output_dir=output_dir,
+        text_field=opts["text_field"],
+        tokenizer=opts["tokenizer"],
+        epochs=opts["epochs"],
+        save_every=opts["save_every"],
+        keep_checkpoints=opts["keep_checkpoints"],
+        resume=opts["resume"],
+        seed=opts["seed"],
+        trust_remote_code=opts["trust_remote_code"],
+        hostfile=opts["hostfile"],
+        launcher=opts["multinode_launcher"],
+        master_addr=opts["master_addr"],
+        master_port=opts["master_port"],
+        bind_cores=opts["bind_cores"],
+        launcher_args=launcher_args,
+    )
+    out = Path(output_dir)
+    plan = build_plan(opts)
+    if plan.chosen is None:
+        show_plan(plan, None, as_json)
+    rundir.check_owner(out, jobs.model_identity(plan), str(Path(opts["data"]).resolve()), opts["force"])
+    job = jobs.prepare(plan, job_opts, tokenize=not dry_run)
     if config_out:
-        Path(config_out).write_text(json.dumps(ds_config, indent=2) + "\n")
+        Path(config_out).write_text(json.dumps(job.ds_config, indent=2) + "\n")
+    show_plan(job.plan, job.ds_config, as_json, show_config=dry_run)
+    command = launch.format_command(job.argv, job.env)
+    if dry_run:
         if not as_json:
-            click.echo(f"\nwrote {config_out}")
+            click.echo(f"\nwould write {out}/plan.json, ds_config.json, run_spec.json and run:\n{command}")
+        return
+    if not opts["resume"]:
+        rundir.start_over(out)
+    jobs.write(job)
+    click.echo(f"\nwrote {out}/plan.json, ds_config.json, run_spec.json\nlaunching: {command}\n", err=as_json)
+    code = launch.run(job.argv, job.env, dict(os.environ))
+    if code != 0:
+        raise ToolError(
+            f"training stopped (exit {code}); rerun the same command to resume from the newest complete "
+            f"checkpoint in {out / 'checkpoints'}",
+            code,
+        )
+    summary = json.loads((out / "run.json").read_text())
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(
+        f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
+        f"{summary['tokens_per_s']:,.0f} tokens/s, optimizer {summary['optimizer']}, "
+        f"{summary['wall_seconds']:.0f} s\nmodel: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
+    )
 
 
 def main() -> None:

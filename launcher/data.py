@@ -1,0 +1,512 @@
+"""Training data: find and check the user's data, tokenize and pack it into fixed-length blocks, and decide
+which block each rank reads at each micro-step.
+
+    inspect_data(path)                      cheap, no tokenizer: the CLI calls it before launching anything
+    load_token_blocks(source, tokenizer)    inside each rank: (n_blocks, seq_len) int64, cached on disk
+    BlockOrder(n_blocks, world, rank, seed) deterministic, resumable, disjoint per rank within an epoch
+
+Formats: a `datasets` save_to_disk folder ("arrow"), or one file / a folder of files of one kind: .jsonl,
+.json (a list of records, a dict of columns, or JSON Lines), .txt, .parquet, .csv. A folder is searched
+recursively (hidden entries and files of other kinds, e.g. README.md, are skipped) and read in sorted path
+order. A .txt file holds one document per line (as `datasets`' "text" loader reads it); blank lines are
+skipped. Files are read directly (stdlib json/csv, pyarrow for parquet), which is faster than
+`datasets.load_dataset` and writes no cache anywhere; only save_to_disk folders go through
+`datasets.load_from_disk`, which memory-maps and writes nothing either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from launcher.errors import UserInputError
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".txt": "txt", ".parquet": "parquet", ".csv": "csv"}
+SUPPORTED = "a datasets save_to_disk folder, or .jsonl, .json, .txt, .parquet or .csv files"
+INPUT_IDS = "input_ids"
+_INSPECT_RECORDS = 100  # records per jsonl file whose keys inspect_data() reads
+_BATCH_RECORDS = 1000  # documents per tokenizer call
+_CACHE_VERSION = 1  # bump when the packed layout changes, so old caches are not reused
+_PROBES = (  # encoded to fingerprint a tokenizer's behaviour, not just its name
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "ZeRO-3 offloads 12 bytes/param of Adam state to CPU RAM: 7e9 * 12 = 84,000,000,000.",
+    "  indented\n\tline\r\nüber naïve café 東京 🙂",
+    "<s></s><unk><pad><|endoftext|>",
+)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What inspect_data() found: enough to read the data and to key its token cache."""
+
+    path: str  # as the user gave it
+    format: str  # "arrow" | "jsonl" | "json" | "txt" | "parquet" | "csv"
+    files: tuple[str, ...]  # data files in read order (empty for "arrow")
+    fields: tuple[str, ...]  # column names seen, in order of first appearance (("text",) for txt)
+    has_input_ids: bool  # some records are already tokenized
+    fingerprint: str  # sha256 over format, paths, sizes and mtimes; changes when any file does
+
+
+# ---------------------------------------------------------------------------------------------- inspect
+
+
+def inspect_data(path: str, text_field: str = "text") -> DataSource:
+    """Find the data at `path`, check it can be trained on, and fingerprint it. Reads headers and first
+    records only (a .json file is parsed whole). Raises UserInputError with one line on any problem."""
+    root = Path(path)
+    if not root.exists():
+        raise UserInputError(f"data path {path} does not exist; pass {SUPPORTED}")
+    if root.is_dir() and _is_saved_dataset(root):
+        split_dir = _arrow_split_dir(root)
+        fields = _arrow_fields(split_dir)
+        _check_fields(fields, text_field, str(root))
+        return DataSource(str(path), "arrow", (), fields, INPUT_IDS in fields, _fingerprint("arrow", root, _walk(root)))
+
+    files = _data_files(root)
+    fmt = SUFFIX_FORMATS[files[0].suffix.lower()]
+    non_empty = [f for f in files if f.stat().st_size > 0]
+    seen: dict[str, None] = {}  # ordered union of every file's fields
+    for file in non_empty:
+        fields = _file_fields(file, fmt)
+        if fields:
+            _check_fields(fields, text_field, str(file))
+        seen.update(dict.fromkeys(fields))
+    if not seen:
+        raise UserInputError(f"data in {path} is empty (no records in {len(files)} file(s)); add data")
+    fields = tuple(seen)
+    return DataSource(
+        str(path), fmt, tuple(map(str, files)), fields, INPUT_IDS in fields, _fingerprint(fmt, root, files)
+    )
+
+
+def _data_files(root: Path) -> list[Path]:
+    if root.is_file():
+        if root.suffix.lower() not in SUFFIX_FORMATS:
+            raise UserInputError(f"unsupported data format '{root.suffix or root.name}' for {root}; pass {SUPPORTED}")
+        if root.stat().st_size == 0:
+            raise UserInputError(f"data file {root} is empty; add records to it or pass another file")
+        return [root]
+    found = _walk(root)
+    if not found:
+        raise UserInputError(f"data folder {root} is empty; put {SUPPORTED} in it")
+    files = [f for f in found if f.suffix.lower() in SUFFIX_FORMATS]
+    if not files:
+        others = ", ".join(sorted({f.suffix or f.name for f in found}))
+        raise UserInputError(f"no supported data files in {root} (found {others}); pass {SUPPORTED}")
+    suffixes = sorted({f.suffix.lower() for f in files})
+    if len(suffixes) > 1:
+        raise UserInputError(f"data folder {root} mixes formats ({', '.join(suffixes)}); keep one format per folder")
+    return files
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every regular file under `root`, sorted, skipping hidden files and folders."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out.extend(Path(dirpath, name) for name in filenames if not name.startswith("."))
+    return sorted(out)
+
+
+def _check_fields(fields: tuple[str, ...], text_field: str, where: str) -> None:
+    if text_field not in fields and INPUT_IDS not in fields:
+        raise UserInputError(
+            f"no '{text_field}' field (and no '{INPUT_IDS}') in {where}; its fields are {', '.join(fields)}; "
+            f"pass --text-field with the one holding the text"
+        )
+
+
+def _file_fields(file: Path, fmt: str) -> tuple[str, ...]:
+    if fmt == "txt":
+        with _open_text(file) as handle:
+            return ("text",) if any(line.strip() for line in handle) else ()
+    if fmt == "csv":
+        with _open_text(file) as handle:
+            return tuple(next(csv.reader(handle), ()))
+    if fmt == "parquet":
+        return tuple(_pyarrow_parquet().ParquetFile(file).schema_arrow.names)
+    records = islice(_json_records(file), _INSPECT_RECORDS) if fmt == "jsonl" else _json_records(file)
+    seen: dict[str, None] = {}
+    for _, record in records:
+        seen.update(dict.fromkeys(record))
+    return tuple(seen)
+
+
+def _fingerprint(fmt: str, root: Path, files: list[Path]) -> str:
+    digest = hashlib.sha256(f"{fmt}\n{root.resolve()}\n".encode())
+    for file in sorted(files):
+        stat = file.stat()
+        digest.update(f"{file.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ save_to_disk folders
+
+
+def _is_saved_dataset(root: Path) -> bool:
+    return (root / "dataset_dict.json").is_file() or (
+        (root / "state.json").is_file() and (root / "dataset_info.json").is_file()
+    )
+
+
+def _arrow_split_dir(root: Path) -> Path:
+    """The folder of the Dataset to train on: `root` itself, or its "train" split (or its only split)."""
+    if not (root / "dataset_dict.json").is_file():
+        return root
+    splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
+    if "train" in splits:
+        return root / "train"
+    if len(splits) == 1:
+        return root / splits[0]
+    raise UserInputError(
+        f"{root} holds splits {', '.join(splits) or '(none)'} and none is 'train'; "
+        f"save the split to train on as 'train' or pass its folder ({root}/<split>)"
+    )
+
+
+def _arrow_fields(split_dir: Path) -> tuple[str, ...]:
+    info = split_dir / "dataset_info.json"
+    features = json.loads(info.read_text()).get("features") if info.is_file() else None
+    if features:
+        return tuple(features)
+    return tuple(_load_from_disk(split_dir).column_names)
+
+
+def _load_from_disk(split_dir: Path):
+    try:
+        import datasets
+    except ImportError:
+        raise UserInputError(f"reading {split_dir} needs the 'datasets' package; pip install datasets") from None
+    return datasets.load_from_disk(str(split_dir))
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+
+def _open_text(file: Path):
+    return open(file, encoding="utf-8", newline="")  # noqa: SIM115 - callers close it
+
+
+def _json_records(file: Path) -> Iterator[tuple[str, dict]]:
+    """(where, record) from a .jsonl file, or a .json file holding a list of records, a dict of equal-length
+    columns, or JSON Lines."""
+    if file.suffix.lower() == ".json":
+        text = file.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if exc.msg != "Extra data":  # several top-level values: JSON Lines in a .json file
+                raise UserInputError(f"{file}:{exc.lineno}: invalid JSON ({exc.msg}); fix or regenerate it") from None
+        else:
+            yield from _json_document_records(file, data)
+            return
+    with _open_text(file) as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{file}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserInputError(f"{where}: invalid JSON ({exc.msg}); each line must be one JSON object") from None
+            if not isinstance(record, dict):
+                raise UserInputError(f'{where}: expected a JSON object such as {{"text": ...}}, got {line[:40]!r}')
+            yield where, record
+
+
+def _json_document_records(file: Path, data: object) -> Iterator[tuple[str, dict]]:
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        if len({len(v) for v in data.values()}) > 1:
+            raise UserInputError(f"{file}: its columns have different lengths; every column needs one value per record")
+        columns = list(data)
+        for index, values in enumerate(zip(*data.values(), strict=True)):
+            yield f"{file} record {index}", dict(zip(columns, values, strict=True))
+        return
+    records = [data] if isinstance(data, dict) else data  # a single object: one record (one line of JSON Lines)
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise UserInputError(f"{file}: expected a list of JSON objects, a dict of columns, or JSON Lines")
+    for index, record in enumerate(records):
+        yield f"{file} record {index}", record
+
+
+def _records(source: DataSource, text_field: str) -> Iterator[tuple[str, dict]]:
+    """(where, record) for every record, in file order; only the text and input_ids columns are read."""
+    wanted = (text_field, INPUT_IDS)
+    if source.format == "arrow":
+        dataset = _load_from_disk(_arrow_split_dir(Path(source.path))).with_format(None)
+        columns = [c for c in wanted if c in dataset.column_names]
+        index = 0
+        for batch in dataset.select_columns(columns).iter(batch_size=_BATCH_RECORDS):
+            for values in zip(*(batch[c] for c in columns), strict=True):
+                yield f"{source.path} record {index}", dict(zip(columns, values, strict=True))
+                index += 1
+        return
+    for name in source.files:
+        file = Path(name)
+        if file.stat().st_size == 0:
+            continue
+        if source.format in ("jsonl", "json"):
+            yield from _json_records(file)
+        elif source.format == "txt":
+            with _open_text(file) as handle:
+                for lineno, line in enumerate(handle, 1):
+                    if line.strip():
+                        yield f"{file}:{lineno}", {"text": line.rstrip("\r\n")}
+        elif source.format == "csv":
+            with _open_text(file) as handle:
+                for lineno, record in enumerate(csv.DictReader(handle), 2):
+                    yield f"{file}:{lineno}", record
+        else:  # parquet
+            parquet = _pyarrow_parquet().ParquetFile(file)
+            columns = [c for c in wanted if c in parquet.schema_arrow.names]
+            index = 0
+            for batch in parquet.iter_batches(batch_size=_BATCH_RECORDS, columns=columns):
+                for record in batch.to_pylist():
+                    yield f"{file} record {index}", record
+                    index += 1
+
+
+def _pyarrow_parquet():
+    try:
+        import pyarrow.parquet
+    except ImportError:
+        raise UserInputError("reading .parquet files needs the 'pyarrow' package; pip install pyarrow") from None
+    return pyarrow.parquet
+
+
+# ------------------------------------------------------------------------------------ tokenize and pack
+
+
+def load_token_blocks(
+    source: DataSource,
+    tokenizer,
+    seq_len: int,
+    text_field: str = "text",
+    cache_dir: str | Path | None = None,
+) -> np.ndarray:
+    """Tokenize every document, put EOS after each, concatenate, and cut into `seq_len`-token blocks.
+
+    Returns an int64 array of shape (n_blocks, seq_len); the tail that does not fill a block is dropped.
+    - Text is tokenized without special tokens (no BOS); `tokenizer.eos_token_id` follows every document,
+      so `[doc1, EOS, doc2, EOS, ...]` is the stream. Documents that tokenize to nothing are skipped, as are
+      records whose text is null or missing.
+    - A record with a non-null `input_ids` is used as it is instead of its text (it wins over the text
+      field). EOS is appended unless its last token already is EOS, so documents stay separated exactly
+      once either way. Its ids must lie in [0, len(tokenizer)).
+    - With `cache_dir`, the blocks are saved as `<cache_dir>/<cache_key(...)>.npy` (written to a temporary
+      file, then renamed, so concurrent ranks and crashes never leave a partial cache) and the next call
+      with the same data, tokenizer, seq_len and text field loads them without tokenizing.
+    """
+    if seq_len < 1:
+        raise UserInputError(f"--seq-len must be at least 1, got {seq_len}")
+    _check_fields(source.fields, text_field, source.path)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise UserInputError(
+            f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__} has no eos_token, which separates "
+            f"documents; set eos_token in its tokenizer_config.json"
+        )
+    cache_path = None
+    if cache_dir is not None:
+        cache_path = Path(cache_dir) / f"{cache_key(source, tokenizer, seq_len, text_field)}.npy"
+        cached = _read_cache(cache_path, seq_len)
+        if cached is not None:
+            return cached
+    tokens = np.concatenate([np.zeros(0, np.int64), *_token_chunks(source, tokenizer, text_field, eos)])
+    n_blocks = tokens.size // seq_len
+    if n_blocks < 1:
+        raise UserInputError(
+            f"data in {source.path} yields {tokens.size} tokens, fewer than one --seq-len block of {seq_len}; "
+            f"add data or lower --seq-len"
+        )
+    blocks = tokens[: n_blocks * seq_len].reshape(n_blocks, seq_len)
+    if cache_path is not None:
+        _write_cache(cache_path, blocks)
+    return blocks
+
+
+def _token_chunks(source: DataSource, tokenizer, text_field: str, eos: int) -> Iterator[np.ndarray]:
+    """The EOS-separated token stream, one int64 array per batch of documents."""
+    vocab = len(tokenizer)
+    records = _records(source, text_field)
+    while batch := list(islice(records, _BATCH_RECORDS)):
+        docs = [_document(where, record, text_field, vocab) for where, record in batch]
+        texts = [d for d in docs if isinstance(d, str)]
+        encoded = iter(_encode(tokenizer, texts)) if texts else iter(())
+        ids: list[int] = []
+        for doc in docs:
+            doc_ids = next(encoded) if isinstance(doc, str) else doc
+            if doc_ids is None or len(doc_ids) == 0:
+                continue
+            ids.extend(doc_ids)
+            if doc_ids[-1] != eos:
+                ids.append(eos)
+        yield np.asarray(ids, dtype=np.int64)
+
+
+def _document(where: str, record: dict, text_field: str, vocab: int) -> str | list[int] | None:
+    ids = record.get(INPUT_IDS)
+    if isinstance(ids, str):  # a csv cell holding "[1, 2, 3]"; anything else unparsable is reported below
+        with contextlib.suppress(json.JSONDecodeError):
+            ids = json.loads(ids) if ids.strip() else None
+    if ids is not None:
+        try:
+            array = np.asarray(ids)
+        except ValueError:  # ragged nested lists
+            array = np.zeros((0, 0))
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise UserInputError(f"{where}: {INPUT_IDS} is not a list of integers; fix it or drop the column")
+        if array.size and (array.min() < 0 or array.max() >= vocab):
+            bad = int(array.max() if array.max() >= vocab else array.min())
+            raise UserInputError(
+                f"{where}: {INPUT_IDS} holds token id {bad}, outside the tokenizer's {vocab} tokens; "
+                f"tokenize with this model's tokenizer, or drop {INPUT_IDS} and keep the text"
+            )
+        return array.tolist()
+    text = record.get(text_field)
+    if text is None or isinstance(text, str):
+        return text
+    raise UserInputError(
+        f"{where}: '{text_field}' holds a {type(text).__name__}, not text; pass --text-field with a text column"
+    )
+
+
+def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    # verbose=False: documents longer than model_max_length are expected here (they are packed, not truncated)
+    out = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)
+    return out["input_ids"]
+
+
+def cache_key(source: DataSource, tokenizer, seq_len: int, text_field: str = "text") -> str:
+    """Name of the packed-blocks cache: changes with the data, the tokenizer's behaviour, seq_len, the field."""
+    probes = json.dumps(_encode(tokenizer, list(_PROBES)))
+    identity = {
+        "version": _CACHE_VERSION,
+        "data": source.fingerprint,
+        "tokenizer": str(tokenizer.name_or_path),
+        "vocab": len(tokenizer),
+        "eos": tokenizer.eos_token_id,
+        "probes": hashlib.sha256(probes.encode()).hexdigest(),
+        "seq_len": seq_len,
+        "text_field": text_field,
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return f"blocks-{seq_len}-{digest[:24]}"
+
+
+def _read_cache(path: Path, seq_len: int) -> np.ndarray | None:
+    try:
+        blocks = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, EOFError):
+        return None  # unreadable (e.g. truncated by hand): rebuild it
+    if blocks.ndim != 2 or blocks.shape[1] != seq_len or blocks.dtype != np.int64 or len(blocks) == 0:
+        return None
+    return blocks
+
+
+def _write_cache(path: Path, blocks: np.ndarray) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    except OSError as exc:
+        raise UserInputError(
+            f"cannot write the token cache in {path.parent} ({exc.strerror}); use a writable folder"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.save(handle, blocks, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------------ block order
+
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (Steele, Lea & Flood, OOPSLA 2014): a bijection on uint64 that scrambles bits.
+    Defined here, not drawn from a library RNG, so an order is the same on every numpy/torch version."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    """Deterministic distributed sampling: which block each rank reads at each micro-step, resumable.
+
+    Epoch e is a permutation of range(n_blocks) fixed by (seed, e). Rank r takes every world_size-th entry
+    starting at r, cut to `blocks_per_rank` = n_blocks // world_size so all ranks step through epochs together
+    (within an epoch the ranks' blocks are disjoint; the n_blocks % world_size left over differ each epoch).
+    Each rank reads its entries as one endless stream, epoch after epoch, `micro_batch` per micro-step, so
+    (seed, world_size, rank, micro_step) fixes the indices and resuming only needs the micro-step count.
+    """
+
+    n_blocks: int
+    world_size: int
+    rank: int
+    seed: int
+    micro_batch: int = 1  # default for batch() and micro_steps_per_epoch
+    _epochs: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # epoch -> permutation
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size or self.micro_batch < 1:
+            raise ValueError(f"bad BlockOrder: rank {self.rank} of {self.world_size}, micro_batch {self.micro_batch}")
+        if self.n_blocks < self.world_size:
+            raise UserInputError(
+                f"the data yields {self.n_blocks} blocks, fewer than the {self.world_size} ranks that each need one; "
+                f"add data, lower --seq-len or use fewer GPUs"
+            )
+
+    @property
+    def blocks_per_rank(self) -> int:
+        """Blocks each rank reads per epoch."""
+        return self.n_blocks // self.world_size
+
+    @property
+    def micro_steps_per_epoch(self) -> int:
+        """Micro-steps per epoch at `micro_batch` (for --epochs): floor(n_blocks / (world_size * micro_batch))."""
+        return max(1, self.n_blocks // (self.world_size * self.micro_batch))
+
+    def epoch(self, micro_step: int, micro_batch: int | None = None) -> int:
+        """The epoch the first block of `micro_step` comes from."""
+        return micro_step * (micro_batch or self.micro_batch) // self.blocks_per_rank
+
+    def batch(self, micro_step: int, micro_batch: int | None = None) -> list[int]:
+        """Indices of the blocks this rank reads at global micro-step `micro_step` (0-based)."""
+        size = self.micro_batch if micro_batch is None else micro_batch
+        if micro_step < 0 or size < 1:
+            raise ValueError(f"micro_step must be >= 0 and micro_batch >= 1, got {micro_step} and {size}")
+        out = []
+        for position in range(micro_step * size, (micro_step + 1) * size):
+            epoch, offset = divmod(position, self.blocks_per_rank)
+            out.append(int(self.permutation(epoch)[self.rank + offset * self.world_size]))
+        return out
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s order of all blocks: sort the blocks by a keyed hash of their index."""
+        if epoch not in self._epochs:
+            if len(self._epochs) >= 2:  # keep the current and the next epoch only
+                self._epochs.pop(min(self._epochs))
+            seed = (self.seed % 2**64 * _GOLDEN64 + epoch) % 2**64
+            key = _mix64(np.array([seed], dtype=np.uint64))
+            keys = _mix64(np.arange(self.n_blocks, dtype=np.uint64) ^ key)  # distinct, so the sort has no ties
+            self._epochs[epoch] = np.argsort(keys, kind="stable")
+        return self._epochs[epoch]

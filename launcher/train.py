@@ -1,0 +1,409 @@
+"""Per-rank training entry point, started by DeepSpeed's launcher:
+
+    python -m deepspeed.launcher.runner ... --no_local_rank --module launcher.train --run-spec OUT/run_spec.json
+
+It knows nothing about planning: it reads a run spec (paths, steps, seed) and OUT/ds_config.json, so a
+user can also start it under their own launcher. Every rank runs this file; rank 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
+WARMUP_STEPS_EXCLUDED = 1  # the first optimizer step pays JIT/allocator warm-up; medians skip it
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    output_dir: str
+    model: str
+    data: str
+    seq_len: int
+    steps: int
+    tokenizer: str | None = None
+    text_field: str = "text"
+    seed: int = 0
+    save_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 2
+    resume: bool = True
+    trust_remote_code: bool = False
+    activation_checkpointing: bool = True
+    nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
+    predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        write_json_atomic(Path(path), asdict(self))
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:
+    """(step, tag) of every checkpoint whose completion marker exists, oldest first."""
+    found = []
+    if checkpoint_dir.is_dir():
+        for marker in checkpoint_dir.glob(f"*/{COMPLETE_MARKER}"):
+            with contextlib.suppress(ValueError, KeyError, OSError):
+                found.append((int(json.loads(marker.read_text())["step"]), marker.parent.name))
+    return sorted(found)
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the metrics of steps <= last_step: steps after the checkpoint are trained again on resume,
+    so each step appears exactly once."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+class Trainer:
+    """One rank's view of the run. Construction loads everything; `fit()` trains, saves and exports."""
+
+    def __init__(self, spec: RunSpec):
+        import deepspeed
+        import torch
+        import torch.distributed as torch_dist
+
+        # DeepSpeed calls torch.distributed's deprecated collectives on every step; keep the log readable.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+
+        self.spec = spec
+        self.ds_config = json.loads((spec.out / "ds_config.json").read_text())
+        deepspeed.init_distributed()
+        self.dist = torch_dist
+        self.rank = torch_dist.get_rank()
+        self.world = torch_dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.torch = torch
+        torch.manual_seed(spec.seed)
+
+        self.tokenizer = self._load_tokenizer()
+        self.blocks = self._load_data()
+        self.model = self._load_model()
+        self.engine, *_ = deepspeed.initialize(
+            model=self.model,
+            model_parameters=[p for p in self.model.parameters() if p.requires_grad],
+            config=self.ds_config,
+        )
+        self.optimizer_class = type(self.engine.basic_optimizer).__name__
+        self.zero = self.ds_config.get("zero_optimization", {})
+        self.grad_accum = int(self.ds_config["gradient_accumulation_steps"])
+        self.micro_batch = int(self.ds_config["train_micro_batch_size_per_gpu"])
+
+    # --------------------------------------------------------------------------------- loading
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[offload-launch] {message}", file=sys.stderr, flush=True)
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        source = self.spec.tokenizer or self.spec.model
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.spec.trust_remote_code)
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"tokenizer from {source} has no EOS token; documents cannot be separated")
+        return tokenizer
+
+    def _load_data(self):
+        from launcher.data import inspect_data, load_token_blocks
+
+        source = inspect_data(self.spec.data, self.spec.text_field)
+        cache = self.spec.out / "cache"
+
+        def load():
+            return load_token_blocks(source, self.tokenizer, self.spec.seq_len, self.spec.text_field, cache)
+
+        # Rank 0 tokenizes and fills the cache; the others then read it instead of tokenizing again.
+        if self.rank == 0:
+            blocks = load()
+        self.dist.barrier()
+        if self.rank != 0:
+            blocks = load()
+        self.log(f"data: {len(blocks):,} blocks of {self.spec.seq_len} tokens from {self.spec.data}")
+        return blocks
+
+    def _load_model(self):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        dtype = self.torch.bfloat16 if self.ds_config.get("bf16", {}).get("enabled") else self.torch.float16
+        if self.ds_config.get("zero_optimization", {}).get("stage") == 3:
+            # A live HfDeepSpeedConfig makes from_pretrained/from_config run under deepspeed.zero.Init, so
+            # weights are partitioned as they load and no rank holds a full copy (DeepSpeed issues 1814, 5617).
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # must stay referenced
+        kwargs = {"trust_remote_code": self.spec.trust_remote_code}
+        if _has_weights(self.spec.model):
+            model = AutoModelForCausalLM.from_pretrained(self.spec.model, dtype=dtype, **kwargs)
+        else:
+            self.log(f"warning: no weights in {self.spec.model}: starting from random initialization")
+            config = AutoConfig.from_pretrained(self.spec.model, **kwargs)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+        if self.spec.activation_checkpointing:
+            # transformers 5.x renamed gradient_checkpointing_enable (and its kwargs argument).
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        return model
+
+    # --------------------------------------------------------------------------------- loop
+
+    def resume_step(self) -> int:
+        """Load the newest complete checkpoint; the optimizer step to continue after (0 = fresh)."""
+        if not self.spec.resume:
+            return 0
+        checkpoints = complete_checkpoints(self.spec.checkpoint_dir)
+        if not checkpoints:
+            return 0
+        step, tag = checkpoints[-1]
+        load_path, client_state = self.engine.load_checkpoint(str(self.spec.checkpoint_dir), tag=tag)
+        if load_path is None:
+            raise SystemExit(f"checkpoint {self.spec.checkpoint_dir / tag} could not be loaded")
+        self.log(f"resumed from {tag} (step {step})")
+        return int(client_state.get("step", step))
+
+    def fit(self) -> dict:
+        from launcher.data import BlockOrder
+
+        spec, torch = self.spec, self.torch
+        start = time.perf_counter()
+        first_step = self.resume_step() + 1
+        metrics_path = spec.out / "metrics.jsonl"
+        if self.rank == 0:
+            trim_metrics(metrics_path, first_step - 1)
+        order = BlockOrder(len(self.blocks), self.world, self.rank, spec.seed)
+        tokens_per_step = self.micro_batch * self.grad_accum * self.world * spec.seq_len
+        progress = _Progress(enabled=self.rank == 0, total=spec.steps, initial=first_step - 1)
+        history = _read_losses(metrics_path) if self.rank == 0 else []
+        step_seconds: list[float] = []
+        self.engine.train()
+        for step in range(first_step, spec.steps + 1):
+            t0 = time.perf_counter()
+            lr = self.engine.get_lr()[0]
+            loss_sum = torch.zeros((), dtype=torch.float32, device=self.engine.device)
+            for micro in range(self.grad_accum):
+                index = order.batch((step - 1) * self.grad_accum + micro, self.micro_batch)
+                ids = torch.from_numpy(self.blocks[index]).to(self.engine.device)
+                loss = self.engine(input_ids=ids, labels=ids).loss
+                self.engine.backward(loss)
+                self.engine.step()
+                loss_sum += loss.detach().float()
+            self.dist.all_reduce(loss_sum)
+            loss_value = loss_sum.item() / (self.grad_accum * self.world)
+            seconds = time.perf_counter() - t0
+            step_seconds.append(seconds)
+            record = {
+                "step": step,
+                "loss": loss_value,
+                "lr": lr,
+                "tokens": tokens_per_step,
+                "tokens_per_s": tokens_per_step / seconds,
+                "step_seconds": seconds,
+                "cpu_peak_rss_bytes": peak_rss_bytes(),
+                "skipped_steps": int(self.engine.skipped_steps),  # fp16 overflows (DeepSpeed skips the update)
+            }
+            if torch.cuda.is_available():
+                record["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
+            if self.rank == 0:
+                _append_jsonl(metrics_path, record)
+                history.append(loss_value)
+            progress.update(loss_value, tokens_per_step / seconds)
+            if not math.isfinite(loss_value):
+                progress.close()
+                raise SystemExit(f"loss is {loss_value} at step {step}; lower --lr or check the data")
+            if (spec.save_every and step % spec.save_every == 0) or step == spec.steps:
+                self.save_checkpoint(step)
+        progress.close()
+        self.export()
+        self.remove_swap_files()
+        return self.summary(history, step_seconds, time.perf_counter() - start)
+
+    def save_checkpoint(self, step: int) -> None:
+        """DeepSpeed checkpoint, then the completion marker (rank 0, after every rank finished writing),
+        then old checkpoints beyond --keep-checkpoints are removed."""
+        tag = f"step{step}"
+        self.engine.save_checkpoint(str(self.spec.checkpoint_dir), tag=tag, client_state={"step": step})
+        self.dist.barrier()
+        if self.rank == 0:
+            write_json_atomic(self.spec.checkpoint_dir / tag / COMPLETE_MARKER, {"step": step, "time": time.time()})
+            for _old_step, old_tag in complete_checkpoints(self.spec.checkpoint_dir)[: -self.spec.keep_checkpoints]:
+                shutil.rmtree(self.spec.checkpoint_dir / old_tag, ignore_errors=True)
+        self.dist.barrier()
+
+    def export(self) -> None:
+        """OUT/final: weights consolidated from the ZeRO shards, saved with save_pretrained, plus the
+        tokenizer, so AutoModelForCausalLM.from_pretrained(OUT/final) loads it."""
+        if self.zero.get("stage") == 3:
+            state_dict = self.engine._zero3_consolidated_16bit_state_dict()  # collective: every rank calls
+        else:
+            state_dict = self.engine.module.state_dict() if self.rank == 0 else None
+        if self.rank == 0:
+            final, tmp = self.spec.out / "final", self.spec.out / "final.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.engine.module.save_pretrained(tmp, state_dict=state_dict)
+            self.tokenizer.save_pretrained(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        self.dist.barrier()
+
+    def summary(self, history: list[float], step_seconds: list[float], wall: float) -> dict:
+        torch = self.torch
+        peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
+        self.dist.all_reduce(peak, op=self.dist.ReduceOp.MAX)
+        measured_steps = step_seconds[WARMUP_STEPS_EXCLUDED:] or step_seconds
+        median = statistics.median(measured_steps) if measured_steps else None
+        tokens_per_step = self.micro_batch * self.grad_accum * self.world * self.spec.seq_len
+        offload = {k: self.zero.get(f"offload_{k}", {}).get("device", "none") for k in ("optimizer", "param")}
+        measured = {"step_seconds": median, "cpu_peak_rss_bytes_per_rank": int(peak.item())}
+        if torch.cuda.is_available():
+            measured["gpu_peak_bytes_per_device"] = torch.cuda.max_memory_allocated()
+        return {
+            "optimizer": self.optimizer_class,
+            "world_size": self.world,
+            "zero_stage": self.zero.get("stage", 0),
+            "offload_optimizer": offload["optimizer"],
+            "offload_param": offload["param"],
+            "steps": self.spec.steps,
+            "first_loss": history[0] if history else None,
+            "final_loss": history[-1] if history else None,
+            "wall_seconds": wall,
+            "tokens_per_s": tokens_per_step / median if median else None,
+            "peak_cpu_rss_bytes": int(peak.item()),
+            "predicted": self.spec.predicted,
+            "measured": measured,
+            "final_dir": str(self.spec.out / "final"),
+        }
+
+    def remove_swap_files(self) -> None:
+        """A finished run leaves no NVMe swap files behind (a killed one reuses them on resume)."""
+        if self.spec.nvme_swap_dir:
+            self.dist.barrier()
+            if self.local_rank == 0:
+                shutil.rmtree(self.spec.nvme_swap_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Destroy the process group so a clean run ends without abort messages."""
+        with contextlib.suppress(Exception):
+            self.dist.destroy_process_group()
+
+
+def _has_weights(model: str) -> bool:
+    path = Path(model)
+    if not path.is_dir():
+        return True  # a hub id: from_pretrained fetches its weights
+    return any(any(path.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"))
+
+
+def _append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read_losses(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
+
+
+class _Progress:
+    """tqdm bar on a terminal (loss, tokens/s, ETA); a plain line every ~10 % when piped."""
+
+    def __init__(self, enabled: bool, total: int, initial: int):
+        self.enabled, self.total, self.step = enabled, total, initial
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, loss: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        self.step += 1
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+            self.bar.update(1)
+        elif self.step == self.total or self.step % max(1, self.total // 10) == 0 or self.step == 1:
+            print(
+                f"step {self.step}/{self.total} loss {loss:.4f} {tokens_per_s:,.0f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-spec", required=True, help="OUT/run_spec.json written by offload-launch")
+    args = parser.parse_args(argv)
+    spec = RunSpec.load(args.run_spec)
+    trainer = Trainer(spec)
+    try:
+        summary = trainer.fit()
+        if trainer.rank == 0:
+            write_json_atomic(spec.out / "run.json", summary)
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""End-to-end fixtures: a tiny Llama and its tokenizer made here, trained for real by DeepSpeed on the CPU
+accelerator. Compiled ops (cpu_adam, async_io, shm_comm) are cached in ~/.cache/torch_extensions and shared
+by every test: only the first launch on a fresh machine compiles them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_TEXT = REPO / "launcher" / "demo" / "data" / "train.jsonl"
+LAUNCH_TIMEOUT_SECONDS = 900  # a fresh machine JIT-compiles DeepSpeed's ops on first use
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """LlamaForCausalLM config (no weights: random init) + a byte-level BPE tokenizer trained on the demo text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    directory = tmp_path_factory.mktemp("tiny-model")
+    texts = [json.loads(line)["text"] for line in DEMO_TEXT.read_text().splitlines()]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.save_pretrained(directory)
+    LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A quarter of the demo corpus as jsonl: enough blocks for every test's steps."""
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    lines = DEMO_TEXT.read_text().splitlines()
+    path.write_text("\n".join(lines[: len(lines) // 4]) + "\n")
+    return path
+
+
+TRAIN_ARGS = ("--seq-len", "64", "--micro-batch", "4", "--lr", "5e-3", "--warmup-steps", "2")
+
+
+def launch_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "launcher",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        *TRAIN_ARGS,
+        *extra,
+    ]
+
+
+def run_launch(model: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        launch_args(model, data, out, *extra),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=LAUNCH_TIMEOUT_SECONDS,
+        cwd=REPO,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"offload-launch exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_run(out: Path, steps: int, *, stage: int, offload_optimizer: str, offload_param: str, world: int = 1):
+    """The files a run leaves, with the right content, and a falling loss."""
+    for name in ("plan.json", "ds_config.json", "run_spec.json", "metrics.jsonl", "run.json"):
+        assert (out / name).is_file(), name
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    for record in metrics:
+        assert {"step", "loss", "lr", "tokens", "tokens_per_s", "step_seconds"} <= set(record)
+        assert record["tokens"] == 64 * 4 * world
+    run = json.loads((out / "run.json").read_text())
+    assert run["zero_stage"] == stage and run["world_size"] == world
+    assert (run["offload_optimizer"], run["offload_param"]) == (offload_optimizer, offload_param)
+    if offload_optimizer != "none":
+        assert run["optimizer"] == "DeepSpeedCPUAdam"
+    assert run["steps"] == steps and run["wall_seconds"] > 0 and run["tokens_per_s"] > 0
+    assert run["final_loss"] < run["first_loss"], (run["first_loss"], run["final_loss"])
+    assert run["peak_cpu_rss_bytes"] > 0 and run["measured"]["step_seconds"] > 0
+    ds_config = json.loads((out / "ds_config.json").read_text())
+    assert ds_config["zero_optimization"]["stage"] == stage
+    assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
+    return run

@@ -1,0 +1,151 @@
+"""Real DeepSpeed training on the CPU accelerator: every strategy family, two ranks, resume, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.e2e.conftest import check_run, launch_args, read_metrics, run_launch
+
+pytestmark = pytest.mark.e2e
+
+
+def test_zero2_optimizer_on_cpu(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    run_launch(tiny_model, tiny_data, out, "--steps", "12", "--zero-stage", "2", "--offload-optimizer", "cpu")
+    check_run(out, 12, stage=2, offload_optimizer="cpu", offload_param="none")
+
+
+def test_zero3_optimizer_and_params_on_cpu_then_export_and_reload(tiny_model, tiny_data, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        "--steps",
+        "12",
+        "--zero-stage",
+        "3",
+        "--offload-optimizer",
+        "cpu",
+        "--offload-param",
+        "cpu",
+    )
+    check_run(out, 12, stage=3, offload_optimizer="cpu", offload_param="cpu")
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    tokenizer = AutoTokenizer.from_pretrained(out / "final")
+    ids = tokenizer("Offloading moves the optimizer states to CPU memory.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        trained = model(input_ids=ids, labels=ids).loss.item()
+        fresh = AutoModelForCausalLM.from_config(model.config)(input_ids=ids, labels=ids).loss.item()
+    assert trained < fresh  # the exported weights are the trained ones, not a fresh initialisation
+
+
+def test_zero3_optimizer_and_params_on_nvme(tiny_model, tiny_data, tmp_path):
+    from launcher.host import aio_usable
+
+    if not aio_usable():
+        pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    out = tmp_path / "run"
+    run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        "--steps",
+        "10",
+        "--zero-stage",
+        "3",
+        "--offload-optimizer",
+        "nvme",
+        "--offload-param",
+        "nvme",
+        "--nvme-path",
+        str(nvme),
+    )
+    check_run(out, 10, stage=3, offload_optimizer="nvme", offload_param="nvme")
+    ds_config = json.loads((out / "ds_config.json").read_text())
+    swap = ds_config["zero_optimization"]["offload_param"]["nvme_path"]
+    assert swap.startswith(str(nvme) + "/offload-launch-")  # the run's own subfolder
+    assert "intra_op_parallelism" in ds_config["aio"]
+    assert not os.path.exists(swap)  # a finished run removes its swap files
+
+
+def test_two_ranks(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    proc = run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        "--steps",
+        "10",
+        "--num-gpus",
+        "2",
+        "--zero-stage",
+        "3",
+        "--offload-optimizer",
+        "cpu",
+    )
+    check_run(out, 10, stage=3, offload_optimizer="cpu", offload_param="none", world=2)
+    assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 2 * 4
+    assert "--num_gpus 2" in proc.stdout
+    assert "abort" not in proc.stderr.lower()
+
+
+def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    args = launch_args(
+        tiny_model,
+        tiny_data,
+        out,
+        "--steps",
+        "10",
+        "--save-every",
+        "2",
+        "--zero-stage",
+        "2",
+        "--offload-optimizer",
+        "cpu",
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    deadline = time.monotonic() + 600
+    marker = out / "checkpoints" / "step4" / "complete.json"
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, "no checkpoint at step 4 within 10 minutes"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # what a scheduler or Ctrl-C does to offload-launch
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, log[-2000:]
+    assert not (out / "run.json").exists()
+    interrupted = [m["step"] for m in read_metrics(out)]
+    assert 4 <= max(interrupted) < 10
+
+    resumed = run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        "--steps",
+        "10",
+        "--save-every",
+        "2",
+        "--zero-stage",
+        "2",
+        "--offload-optimizer",
+        "cpu",
+    )
+    assert "resumed from step" in resumed.stderr
+    check_run(out, 10, stage=2, offload_optimizer="cpu", offload_param="none")  # every step exactly once
