@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # with a GPU let pip pick the CUDA build (or keep the one you installed).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast gpu-smoke lint format clean
 
 install: $(STAMP)
 
@@ -25,17 +25,25 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	@echo "== Llama-2-7B on this machine (exit 3 means: does not fit here, and the table says why)"
+	@echo "== 1/3  Llama-2-7B planned for this machine (exit 3 = does not fit here; the table says why)"
 	-$(BIN)/offload-launch --model meta-llama/Llama-2-7b --dry-run
 	@echo
-	@echo "== Llama-2-7B on a described 24 GB workstation (recipes/hosts/1x-rtx4090-24g.yaml)"
+	@echo "== 2/3  Llama-2-7B planned for a described 24 GB workstation (recipes/hosts/1x-rtx4090-24g.yaml)"
 	$(BIN)/offload-launch --model meta-llama/Llama-2-7b --dry-run --host-spec recipes/hosts/1x-rtx4090-24g.yaml
+	@echo
+	@echo "== 3/3  Training the bundled tiny Llama for real: ZeRO-3 + optimizer and parameters on CPU + DeepSpeedCPUAdam"
+	$(BIN)/offload-launch --model launcher/demo/tiny-llama --data launcher/demo/data/train.jsonl \
+		--output-dir runs/demo --no-resume --zero-stage 3 --offload-optimizer cpu --offload-param cpu \
+		--seq-len 128 --micro-batch 4 --steps 40 --lr 3e-3 --warmup-steps 4 --save-every 20
 
 test: $(STAMP)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"
+
+gpu-smoke: $(STAMP)
+	$(BIN)/pytest -q -s -m gpu tests/gpu
 
 lint: $(STAMP)
 	$(BIN)/ruff check launcher tests

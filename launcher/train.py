@@ -232,7 +232,7 @@ class Trainer:
         self.engine.train()
         for step in range(first_step, spec.steps + 1):
             t0 = time.perf_counter()
-            lr = self.engine.get_lr()[0]
+            lr = self.engine.optimizer.param_groups[0]["lr"]  # the rate this step applies
             loss_sum = torch.zeros((), dtype=torch.float32, device=self.engine.device)
             for micro in range(self.grad_accum):
                 index = order.batch((step - 1) * self.grad_accum + micro, self.micro_batch)
