@@ -3,6 +3,7 @@ prints, and turns domain errors into exit codes (0 ok, 2 bad input, 3 does not f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -241,8 +242,23 @@ def build_plan(opts: dict):
         host = probe_host(opts["nvme_path"])
     if opts.get("hostfile"):
         host = replace(host, nodes=hostfile_nodes(opts["hostfile"]))
+    rates, aio = host_rates(host, opts["nvme_path"])
     model = inspect_model(opts["model_spec"], trust_remote_code=opts["trust_remote_code"])
-    return make_plan(model, host, workload)
+    return make_plan(model, host, workload, rates, aio)
+
+
+def host_rates(host, nvme_path: str | None):
+    """Rates for the step-time model: this host's cached probe (if it is this host), else described/nominal;
+    and the aio settings the probe found best for the NVMe folder it measured."""
+    from launcher import probe
+
+    cached = None
+    if host.source == "live":
+        cached = probe.load_cached(probe.cache_path(os.environ.get("XDG_CACHE_HOME")), probe.host_id())
+    aio = None
+    if cached and cached.aio and nvme_path and cached.details.get("nvme_path") == nvme_path:
+        aio = cached.aio
+    return probe.resolve_rates(host, cached), aio
 
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
@@ -346,6 +362,67 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
         f"{summary['tokens_per_s']:,.0f} tokens/s, optimizer {summary['optimizer']}, "
         f"{summary['wall_seconds']:.0f} s\nmodel: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
     )
+    for name, ratio in summary.get("ratios", {}).items():
+        click.echo(f"measured / predicted {name}: {ratio:.2f}")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send file descriptor 1 to stderr for the duration (libraries that print from C++ too)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (e.g. under CliRunner): nothing to redirect
+        yield
+        return
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+PROBE_EPILOG = """\b
+Examples:
+  offload-launch probe                          # CPU bandwidth, CPU-Adam, PCIe (with a GPU); about a minute
+  offload-launch probe --nvme-path /local_nvme  # also NVMe read/write through DeepSpeed's async_io
+  offload-launch probe --quick --json           # seconds; prints the figures as one JSON object
+"""
+
+
+@cli.command("probe", epilog=PROBE_EPILOG)
+@click.option("--nvme-path", metavar="DIR", help="Also measure this folder's drive through DeepSpeed's async_io.")
+@click.option("--quick", is_flag=True, help="Small sizes: seconds instead of about a minute (for tests).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+@user_errors
+def probe_command(nvme_path: str | None, quick: bool, as_json: bool) -> None:
+    """Measure this host (memory and PCIe bandwidth, CPU-Adam throughput, NVMe) and cache the figures,
+    with the date and the host's identity, where later plans on this host find them."""
+    from launcher import probe
+    from launcher.host import probe_host
+
+    host = probe_host(nvme_path)
+    if nvme_path and not host.nvme.aio_usable:
+        raise UserInputError(
+            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL), then probe again"
+        )
+    with stdout_to_stderr():  # DeepSpeed and the JIT compiler print to stdout; --json owns it
+        result = probe.run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=lambda m: click.echo(m, err=True))
+    path = probe.cache_path(os.environ.get("XDG_CACHE_HOME"))
+    probe.save(result, path)
+    if as_json:
+        click.echo(json.dumps(result.to_json() | {"cache": str(path)}, indent=2))
+        return
+    click.echo(f"host {result.host_id}, {result.date}; cached in {path}")
+    for name, value in result.figures.items():
+        unit = "params/s" if name.endswith("params_per_s") else ("FLOP/s" if "flops" in name else "B/s")
+        scaled = f"{value / 1e9:,.2f} G{unit}" if unit != "FLOP/s" else f"{value / 1e12:,.3f} TFLOP/s"
+        click.echo(f"  {name:<36}{scaled}")
+    if result.aio:
+        click.echo(f"  best aio settings: {json.dumps(result.aio)}")
 
 
 def main() -> None:

@@ -117,8 +117,10 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
         zero["offload_param"] = offload
     computed["zero_optimization"] = zero
     if uses_nvme:
-        # One aio thread per core the rank can spare, at most 8 (ds_nvme_tune sweeps 1-8).
-        computed["aio"] = {"intra_op_parallelism": max(1, min(8, plan.host.cpu_cores // plan.ranks_per_node // 2))}
+        # The settings `offload-launch probe` measured best on this host; else one aio thread per core the
+        # rank can spare, at most 8 (ds_nvme_tune sweeps 1-8).
+        threads = max(1, min(8, plan.host.cpu_cores // plan.ranks_per_node // 2))
+        computed["aio"] = dict(plan.aio) if plan.aio else {"intra_op_parallelism": threads}
     return deep_merge(config, computed)
 
 

@@ -6,10 +6,13 @@ The planner never knows which of the two it got. Described hosts touch nothing o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +48,8 @@ class NvmeSpec:
     free_bytes: int
     is_nvme: bool | None = None  # None when unknown (described hosts)
     aio_usable: bool | None = None  # DeepSpeed's async_io op can be built (libaio present)
+    read_bytes_per_s: int | None = None  # sequential, when described
+    write_bytes_per_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class HostProfile:
     shm_bytes: int | None = None
     nvme: NvmeSpec | None = None
     cpu_flags: tuple[str, ...] = ()
+    cpu_memory_bandwidth_bytes_per_s: int | None = None  # when described (a probe measures it)
+    cpu_adam_params_per_s: float | None = None  # DeepSpeedCPUAdam throughput per node, when described
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -121,7 +128,11 @@ class HostProfile:
                 "free_bytes": self.nvme.free_bytes,
                 "is_nvme": self.nvme.is_nvme,
                 "aio_usable": self.nvme.aio_usable,
+                "read_bytes_per_s": self.nvme.read_bytes_per_s,
+                "write_bytes_per_s": self.nvme.write_bytes_per_s,
             },
+            "cpu_memory_bandwidth_bytes_per_s": self.cpu_memory_bandwidth_bytes_per_s,
+            "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
             "notes": list(self.notes),
         }
 
@@ -187,14 +198,16 @@ def _is_nvme_backed(path: Path) -> bool | None:
     return "nvme" in str(sys_path)
 
 
+@functools.cache
 def aio_usable() -> bool:
-    """Whether DeepSpeed's async_io op (libaio) can be built here: what NVMe offload needs."""
+    """Whether DeepSpeed's async_io op (libaio) can be built here: what NVMe offload needs. Asked in a
+    child process: DeepSpeed's check redirects the stderr file descriptor and prints to stdout."""
+    check = "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(not B().is_compatible())"
     try:
-        from deepspeed.ops.op_builder import AsyncIOBuilder
-
-        return bool(AsyncIOBuilder().is_compatible(verbose=False))
-    except Exception:  # noqa: BLE001 - deepspeed missing or broken: not usable
+        result = subprocess.run([sys.executable, "-c", check], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
         return False
+    return result.returncode == 0
 
 
 def probe_nvme(path: str) -> NvmeSpec:
@@ -243,10 +256,22 @@ def probe_host(nvme_path: str | None = None) -> HostProfile:
 
 # ---------------------------------------------------------------------------------------------- described
 
-_TOP_KEYS = {"name", "gpus", "nodes", "cpu_memory", "cpu_cores", "pcie", "nvme", "memlock", "shm"}
+_TOP_KEYS = {
+    "name",
+    "gpus",
+    "nodes",
+    "cpu_memory",
+    "cpu_cores",
+    "pcie",
+    "nvme",
+    "memlock",
+    "shm",
+    "cpu_memory_bandwidth",
+    "cpu_adam_params_per_s",
+}
 _GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability"}
 _PCIE_KEYS = {"generation", "width", "bandwidth"}
-_NVME_KEYS = {"path", "free", "is_nvme"}
+_NVME_KEYS = {"path", "free", "is_nvme", "read", "write"}
 
 
 def _key_lines(text: str) -> dict[str, int]:
@@ -276,6 +301,9 @@ def _check_keys(section: dict, allowed: set[str], where: str, path: str, lines: 
 
 
 def _number(value: object, what: str, *, integer: bool = True, minimum: float = 0) -> int | float:
+    if isinstance(value, str) and not integer:
+        with contextlib.suppress(ValueError):  # YAML 1.1 reads 2e9 as a string
+            value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         kind = "an integer" if integer else "a number"
         raise UserInputError(f"{what}: expected {kind}, got {value!r}")
@@ -288,6 +316,10 @@ def _mapping(value: object, what: str) -> dict:
     if not isinstance(value, dict):
         raise UserInputError(f"{what}: expected a mapping of keys, got {value!r}")
     return value
+
+
+def _rate(section: dict, key: str, what: str) -> int | None:
+    return parse_size(section[key], what, per_second=True) if key in section else None
 
 
 def load_host_spec(path: str) -> HostProfile:
@@ -355,6 +387,8 @@ def load_host_spec(path: str) -> HostProfile:
             free_bytes=parse_size(nvme_raw["free"], f"{path}: nvme.free"),
             is_nvme=bool(nvme_raw.get("is_nvme", True)),
             aio_usable=True,
+            read_bytes_per_s=_rate(nvme_raw, "read", f"{path}: nvme.read"),
+            write_bytes_per_s=_rate(nvme_raw, "write", f"{path}: nvme.write"),
         )
 
     cpu_memory = parse_size(spec["cpu_memory"], f"{path}: cpu_memory")
@@ -375,6 +409,12 @@ def load_host_spec(path: str) -> HostProfile:
         shm_bytes=parse_size(spec["shm"], f"{path}: shm") if "shm" in spec else cpu_memory // 2,
         nvme=nvme,
         cpu_flags=("avx2", "avx512f"),
+        cpu_memory_bandwidth_bytes_per_s=_rate(spec, "cpu_memory_bandwidth", f"{path}: cpu_memory_bandwidth"),
+        cpu_adam_params_per_s=(
+            float(_number(spec["cpu_adam_params_per_s"], f"{path}: cpu_adam_params_per_s", integer=False, minimum=1))
+            if "cpu_adam_params_per_s" in spec
+            else None
+        ),
         notes=(f"described host {spec['name']}",) if "name" in spec else (),
     )
 

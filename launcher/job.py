@@ -126,9 +126,11 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, environ_python: str
         activation_checkpointing=plan.workload.activation_checkpointing,
         nvme_swap_dir=swap,
         predicted={
+            "step_seconds": plan.chosen.timing.step_seconds,
+            "tokens_per_s": plan.chosen.timing.tokens_per_s,
             "gpu_bytes_per_device": memory.gpu_bytes_per_device,
-            "cpu_bytes": memory.cpu_bytes,
-            "nvme_bytes": memory.nvme_bytes,
+            "cpu_bytes_per_node": memory.cpu_bytes,
+            "nvme_bytes_per_node": memory.nvme_bytes,
         },
     )
     launch_spec = launch.LaunchSpec(

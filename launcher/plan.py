@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from launcher import memory
+from launcher import memory, timing
 from launcher.errors import UserInputError
 from launcher.host import HostProfile
 from launcher.memory import Buckets, MemoryEstimate, ModelShape, Strategy
 from launcher.model import ModelProfile
+from launcher.timing import Rates, StepEstimate
 from launcher.units import fmt_bytes
 
 DEFAULT_SEQ_LEN = 2048
@@ -45,6 +46,8 @@ PARAM_BUFFER_COUNT = 5
 MAX_IN_CPU = 1_000_000_000
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/constants.py: swap partitions align to 1 KiB
 SWAP_BUFFER_RAM_FRACTION = 0.10  # at most this share of a node's RAM for the optimizer swap buffers
+OVERHEAD_TARGET = 0.10  # batch advice aims to bring the offload overhead under this share of the step
+MAX_ADVISED_ACCUMULATION = 4096
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class Candidate:
     buckets: Buckets
     memory: MemoryEstimate
     problems: tuple[str, ...]  # why it does not fit (empty when it fits)
+    timing: StepEstimate
 
     @property
     def fits(self) -> bool:
@@ -135,6 +139,7 @@ class Candidate:
             "fits": self.fits,
             "problems": list(self.problems),
             **self.memory.to_json(),
+            "estimates": self.timing.to_json(),
         }
 
 
@@ -150,6 +155,9 @@ class Plan:
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
     pin_memory: bool
+    rates: Rates
+    advice: dict | None = None  # batch advice when offload dominates the step
+    aio: dict | None = None  # the aio settings a probe found best on this host (None: template defaults)
 
     @property
     def world_size(self) -> int:
@@ -290,41 +298,143 @@ def resolve_ranks(workload: Workload, host: HostProfile) -> int:
     return workload.num_gpus
 
 
-def make_plan(model: ModelProfile, host: HostProfile, workload: Workload) -> Plan:
+def estimate_candidate(
+    model,
+    host,
+    workload: Workload,
+    strategy: Strategy,
+    rates: Rates,
+    world: int,
+    ranks: int,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+) -> Candidate:
+    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice)."""
+    micro_batch = micro_batch or workload.micro_batch
+    grad_accum = grad_accum or workload.grad_accum
+    buckets = size_buckets(model, host, strategy, world, ranks)
+    estimate = memory.estimate(
+        model_shape(model, buckets),
+        strategy,
+        buckets,
+        world=world,
+        ranks_per_node=ranks,
+        seq_len=workload.seq_len,
+        micro_batch=micro_batch,
+        checkpointing=workload.activation_checkpointing,
+        has_gpu=host.has_gpu,
+    )
+    step = timing.estimate_step(
+        model.params,
+        strategy,
+        rates,
+        world=world,
+        ranks_per_node=ranks,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        seq_len=workload.seq_len,
+        recompute=workload.activation_checkpointing,
+        has_gpu=host.has_gpu,
+    )
+    return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
+
+
+def make_plan(
+    model: ModelProfile, host: HostProfile, workload: Workload, rates: Rates | None = None, aio: dict | None = None
+) -> Plan:
+    """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
+    framework's order). `rates` default to the host's described or nominal figures."""
     if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
         raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
+    if rates is None:
+        from launcher.probe import resolve_rates
+
+        rates = resolve_rates(host, None)
     precision = resolve_precision(workload.precision, host)
     workload = replace(workload, seq_len=resolve_seq_len(workload, model))
     ranks = resolve_ranks(workload, host)
     world = ranks * host.nodes
 
-    candidates = []
-    for strategy in CANDIDATE_ORDER:
-        if not workload.allows(strategy):
-            continue
-        buckets = size_buckets(model, host, strategy, world, ranks)
-        estimate = memory.estimate(
-            model_shape(model, buckets),
-            strategy,
-            buckets,
-            world=world,
-            ranks_per_node=ranks,
-            seq_len=workload.seq_len,
-            micro_batch=workload.micro_batch,
-            checkpointing=workload.activation_checkpointing,
-            has_gpu=host.has_gpu,
-        )
-        candidates.append(Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host)))
-
-    chosen = next((c for c in candidates if c.fits), None)
+    candidates = [
+        estimate_candidate(model, host, workload, strategy, rates, world, ranks)
+        for strategy in CANDIDATE_ORDER
+        if workload.allows(strategy)
+    ]
+    fitting = [c for c in candidates if c.fits]
+    ranked = sorted(fitting, key=lambda c: (round(c.timing.step_seconds, 9), candidates.index(c)))
+    chosen = ranked[0] if ranked else None
     reasons, warnings = _explain(candidates, chosen, host, world, model.params)
+    if len(ranked) > 1:
+        runner_up = ranked[1]
+        slower = runner_up.timing.step_seconds / chosen.timing.step_seconds - 1
+        reasons.append(
+            f"runner-up {runner_up.strategy.label} would take {runner_up.timing.step_seconds:.3g} s/step "
+            f"({slower:+.0%}, {runner_up.timing.tokens_per_s:,.0f} tokens/s)"
+        )
     pin = True
+    advice = None
     if chosen is not None:
         pin, pin_warning = decide_pin_memory(chosen, host, ranks)
         warnings += pin_warning
+        advice = batch_advice(model, host, workload, chosen, rates, world, ranks)
     return Plan(
-        model, host, workload, precision, ranks, tuple(candidates), chosen, tuple(reasons), tuple(warnings), pin
+        model,
+        host,
+        workload,
+        precision,
+        ranks,
+        tuple(candidates),
+        chosen,
+        tuple(reasons),
+        tuple(warnings),
+        pin,
+        rates,
+        advice,
+        aio,
     )
+
+
+def batch_advice(
+    model, host, workload: Workload, chosen: Candidate, rates: Rates, world: int, ranks: int
+) -> dict | None:
+    """When offload dominates (seeds: "the batch size decides"), the accumulation - and the micro-batch,
+    if memory allows - that brings the offload overhead under 10 %, with tokens/s either way."""
+    overhead = chosen.timing.offload_overhead_fraction
+    if overhead <= OVERHEAD_TARGET:
+        return None
+    advice: dict = {
+        "offload_overhead_fraction": overhead,
+        "tokens_per_s": chosen.timing.tokens_per_s,
+        "target_overhead_fraction": OVERHEAD_TARGET,
+        "grad_accum": None,
+        "micro_batch": None,
+    }
+    factor = 2
+    while workload.grad_accum * factor <= MAX_ADVISED_ACCUMULATION:
+        accum = workload.grad_accum * factor
+        trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, grad_accum=accum)
+        if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
+            advice["grad_accum"] = {
+                "value": accum,
+                "tokens_per_s": trial.timing.tokens_per_s,
+                "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
+            }
+            break
+        factor *= 2
+    micro = workload.micro_batch * 2
+    while micro <= workload.micro_batch * MAX_ADVISED_ACCUMULATION:
+        trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, micro_batch=micro)
+        if not trial.fits:
+            break
+        if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
+            advice["micro_batch"] = {
+                "value": micro,
+                "tokens_per_s": trial.timing.tokens_per_s,
+                "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
+            }
+            break
+        micro *= 2
+    return advice
 
 
 def decide_pin_memory(chosen: Candidate, host: HostProfile, ranks: int) -> tuple[bool, list[str]]:
@@ -353,7 +463,8 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
     for candidate in candidates:
         if candidate is chosen:
             break
-        reasons.append(f"{candidate.strategy.label} does not fit: {'; '.join(candidate.problems)}")
+        if not candidate.fits:
+            reasons.append(f"{candidate.strategy.label} does not fit: {'; '.join(candidate.problems)}")
     if chosen is None:
         if not candidates:
             reasons.append("no strategy matches the pinned --zero-stage/--offload-* combination")
@@ -364,7 +475,12 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
         where.append(f"{fmt_bytes(m.cpu_bytes)} CPU RAM per node")
     if m.nvme_bytes:
         where.append(f"{fmt_bytes(m.nvme_bytes)} NVMe per node")
-    reasons.append(f"chose {chosen.strategy.label}: the fastest that fits ({', '.join(where)}; world size {world})")
+    t = chosen.timing
+    reasons.append(
+        f"chose {chosen.strategy.label}: the fastest predicted that fits ({', '.join(where)}; world size "
+        f"{world}; {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
+        f"{t.offload_overhead_fraction:.0%})"
+    )
     if chosen.strategy.offload_optimizer != "none":
         reasons.append(
             "optimizer offloaded: ds_config uses AdamW so DeepSpeed builds DeepSpeedCPUAdam; "

@@ -216,7 +216,7 @@ class Trainer:
         return int(client_state.get("step", step))
 
     def fit(self) -> dict:
-        from launcher.data import BlockOrder
+        from launcher.sampling import BlockOrder
 
         spec, torch = self.spec, self.torch
         start = time.perf_counter()
@@ -268,8 +268,9 @@ class Trainer:
                 self.save_checkpoint(step)
         progress.close()
         self.export()
+        nvme_bytes = _folder_bytes(self.spec.nvme_swap_dir)
         self.remove_swap_files()
-        return self.summary(history, step_seconds, time.perf_counter() - start)
+        return self.summary(history, step_seconds, time.perf_counter() - start, nvme_bytes)
 
     def save_checkpoint(self, step: int) -> None:
         """DeepSpeed checkpoint, then the completion marker (rank 0, after every rank finished writing),
@@ -299,17 +300,32 @@ class Trainer:
             os.replace(tmp, final)
         self.dist.barrier()
 
-    def summary(self, history: list[float], step_seconds: list[float], wall: float) -> dict:
+    def summary(self, history: list[float], step_seconds: list[float], wall: float, nvme_bytes: int) -> dict:
+        """run.json: what ran, and the plan's predictions next to what was measured, with their ratios."""
         torch = self.torch
         peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
+        total = peak.clone()
         self.dist.all_reduce(peak, op=self.dist.ReduceOp.MAX)
+        self.dist.all_reduce(total)
+        nodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
         measured_steps = step_seconds[WARMUP_STEPS_EXCLUDED:] or step_seconds
         median = statistics.median(measured_steps) if measured_steps else None
         tokens_per_step = self.micro_batch * self.grad_accum * self.world * self.spec.seq_len
         offload = {k: self.zero.get(f"offload_{k}", {}).get("device", "none") for k in ("optimizer", "param")}
-        measured = {"step_seconds": median, "cpu_peak_rss_bytes_per_rank": int(peak.item())}
+        measured = {
+            "step_seconds": median,  # median after the warm-up step
+            "tokens_per_s": tokens_per_step / median if median else None,
+            "cpu_bytes_per_node": int(total.item()) // nodes,  # peak RSS of this node's ranks, summed
+            "nvme_bytes_per_node": nvme_bytes,  # swap files at the end of training
+        }
         if torch.cuda.is_available():
-            measured["gpu_peak_bytes_per_device"] = torch.cuda.max_memory_allocated()
+            measured["gpu_bytes_per_device"] = torch.cuda.max_memory_reserved()  # what the allocator held
+        predicted = self.spec.predicted
+        ratios = {
+            key: measured[key] / predicted[key]
+            for key in ("step_seconds", "gpu_bytes_per_device", "cpu_bytes_per_node", "nvme_bytes_per_node")
+            if measured.get(key) and predicted.get(key)
+        }
         return {
             "optimizer": self.optimizer_class,
             "world_size": self.world,
@@ -320,10 +336,11 @@ class Trainer:
             "first_loss": history[0] if history else None,
             "final_loss": history[-1] if history else None,
             "wall_seconds": wall,
-            "tokens_per_s": tokens_per_step / median if median else None,
+            "tokens_per_s": measured["tokens_per_s"],
             "peak_cpu_rss_bytes": int(peak.item()),
-            "predicted": self.spec.predicted,
+            "predicted": predicted,
             "measured": measured,
+            "ratios": ratios,
             "final_dir": str(self.spec.out / "final"),
         }
 
@@ -345,6 +362,12 @@ def _has_weights(model: str) -> bool:
     if not path.is_dir():
         return True  # a hub id: from_pretrained fetches its weights
     return any(any(path.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"))
+
+
+def _folder_bytes(folder: str | None) -> int:
+    if not folder or not Path(folder).is_dir():
+        return 0
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
 def _append_jsonl(path: Path, record: dict) -> None:

@@ -4,12 +4,18 @@ from transformers config classes into tmp_path, hardware is described in YAML.""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub; bundled configs and tmp_path models only
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# DeepSpeed JIT-compiles its ops (cpu_adam, async_io, shm_comm) into $XDG_CACHE_HOME/torch_extensions by
+# default, keyed by name only: two checkouts with their own venvs would rebuild each other's ops. Tests keep
+# them inside this venv (compiled once, shared by every test and every later run), and a test that points
+# XDG_CACHE_HOME elsewhere (the probe cache) still finds them.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = REPO / "recipes" / "hosts"

@@ -13,8 +13,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from launcher.data import BlockOrder, cache_key, inspect_data, load_token_blocks
+from launcher.data import cache_key, inspect_data, load_token_blocks
 from launcher.errors import UserInputError
+from launcher.sampling import BlockOrder
 
 WORDS = [
     "zero",

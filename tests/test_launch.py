@@ -15,8 +15,9 @@ from launcher.train import COMPLETE_MARKER, complete_checkpoints, trim_metrics, 
 
 
 def spec(**kw) -> launch.LaunchSpec:
-    fields = dict(run_spec_path="/runs/x/run_spec.json", ranks_per_node=2, accelerator="cpu", cpu_cores=8,
-                  master_port=29611)
+    fields = dict(
+        run_spec_path="/runs/x/run_spec.json", ranks_per_node=2, accelerator="cpu", cpu_cores=8, master_port=29611
+    )
     fields.update(kw)
     return launch.LaunchSpec(**fields)
 
@@ -24,16 +25,34 @@ def spec(**kw) -> launch.LaunchSpec:
 def test_single_node_command():
     argv, env = launch.build_command(spec())
     assert argv[1:3] == ["-m", "deepspeed.launcher.runner"]
-    assert argv[3:] == ["--num_nodes", "1", "--num_gpus", "2", "--master_port", "29611", "--no_local_rank",
-                        "--module", "launcher.train", "--run-spec", "/runs/x/run_spec.json"]
+    assert argv[3:] == [
+        "--num_nodes",
+        "1",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        "29611",
+        "--no_local_rank",
+        "--module",
+        "launcher.train",
+        "--run-spec",
+        "/runs/x/run_spec.json",
+    ]
     assert env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2 ranks, for torch and CPU-Adam
     assert env["DS_ACCELERATOR"] == "cpu"
 
 
 def test_multi_node_command_with_launcher_args():
-    argv, env = launch.build_command(spec(accelerator="cuda", hostfile="hosts.txt", launcher="openmpi",
-                                          master_addr="10.0.0.1", bind_cores=True,
-                                          extra_args=("--ssh_port", "2222")))
+    argv, env = launch.build_command(
+        spec(
+            accelerator="cuda",
+            hostfile="hosts.txt",
+            launcher="openmpi",
+            master_addr="10.0.0.1",
+            bind_cores=True,
+            extra_args=("--ssh_port", "2222"),
+        )
+    )
     joined = " ".join(argv)
     assert "--hostfile hosts.txt --launcher openmpi" in joined
     assert "--num_nodes" not in argv  # the hostfile says how many
@@ -62,9 +81,27 @@ def test_dry_run_prints_the_multi_node_command(tmp_path, tiny_llama_dir):
     data.write_text('{"text": "hello world"}\n')
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# two machines\nnode-a slots=8\nnode-b slots=8\n")
-    result = CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--data", str(data), "--hostfile", str(hosts),
-                                      "--host-spec", host_path("8x-a100-80g"), "--master-addr", "node-a",
-                                      "--output-dir", str(tmp_path / "out"), "--dry-run", "--", "--ssh_port", "2222"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--data",
+            str(data),
+            "--hostfile",
+            str(hosts),
+            "--host-spec",
+            host_path("8x-a100-80g"),
+            "--master-addr",
+            "node-a",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--dry-run",
+            "--",
+            "--ssh_port",
+            "2222",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "--hostfile " + str(hosts) in result.output and "--launcher pdsh" in result.output
     assert "--ssh_port 2222" in result.output and "--master_addr node-a" in result.output
@@ -75,8 +112,9 @@ def test_dry_run_prints_the_multi_node_command(tmp_path, tiny_llama_dir):
 def test_empty_hostfile(tmp_path, tiny_llama_dir):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# nobody\n")
-    result = CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--data", str(hosts), "--hostfile", str(hosts),
-                                      "--dry-run"])
+    result = CliRunner().invoke(
+        cli, ["--model", str(tiny_llama_dir), "--data", str(hosts), "--hostfile", str(hosts), "--dry-run"]
+    )
     assert result.exit_code == 2 and "lists no hosts" in result.output
 
 

@@ -118,6 +118,9 @@ def check_run(out: Path, steps: int, *, stage: int, offload_optimizer: str, offl
     assert run["steps"] == steps and run["wall_seconds"] > 0 and run["tokens_per_s"] > 0
     assert run["final_loss"] < run["first_loss"], (run["first_loss"], run["final_loss"])
     assert run["peak_cpu_rss_bytes"] > 0 and run["measured"]["step_seconds"] > 0
+    # the plan's predictions sit next to the measurements, with their ratios
+    assert run["predicted"]["step_seconds"] > 0 and run["predicted"]["cpu_bytes_per_node"] > 0
+    assert run["ratios"]["step_seconds"] > 0 and run["ratios"]["cpu_bytes_per_node"] > 0
     ds_config = json.loads((out / "ds_config.json").read_text())
     assert ds_config["zero_optimization"]["stage"] == stage
     assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()

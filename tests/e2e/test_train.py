@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -55,25 +56,21 @@ def test_zero3_optimizer_and_params_on_nvme(tiny_model, tiny_data, tmp_path):
 
     if not aio_usable():
         pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
+    from transformers import AutoConfig
+
+    # DeepSpeed keeps tensors under 1 MiB in memory; a 4096 x 256 embedding (2 MiB in bf16) really swaps.
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = AutoConfig.from_pretrained(model)
+    config.vocab_size, config.hidden_size, config.intermediate_size = 4096, 256, 512
+    config.save_pretrained(model)
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     out = tmp_path / "run"
-    run_launch(
-        tiny_model,
-        tiny_data,
-        out,
-        "--steps",
-        "10",
-        "--zero-stage",
-        "3",
-        "--offload-optimizer",
-        "nvme",
-        "--offload-param",
-        "nvme",
-        "--nvme-path",
-        str(nvme),
-    )
-    check_run(out, 10, stage=3, offload_optimizer="nvme", offload_param="nvme")
+    args = ["--steps", "10", "--zero-stage", "3", "--offload-optimizer", "nvme", "--offload-param", "nvme"]
+    run_launch(model, tiny_data, out, *args, "--nvme-path", str(nvme))
+    run = check_run(out, 10, stage=3, offload_optimizer="nvme", offload_param="nvme")
+    assert run["measured"]["nvme_bytes_per_node"] > 4096 * 256 * 2  # swap files were really written
     ds_config = json.loads((out / "ds_config.json").read_text())
     swap = ds_config["zero_optimization"]["offload_param"]["nvme_path"]
     assert swap.startswith(str(nvme) + "/offload-launch-")  # the run's own subfolder
