@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # with a GPU let pip pick the CUDA build (or keep the one you installed).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
 
-.PHONY: install demo test test-fast gpu-smoke lint format clean
+.PHONY: install demo test test-fast bench gpu-smoke lint format clean
 
 install: $(STAMP)
 
@@ -41,6 +41,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"
+
+# Measured side by side in one run; prints a table and writes bench.json (a few minutes on 2 cores).
+bench: $(STAMP)
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(BIN)/python -m launcher.bench --out bench.json
 
 gpu-smoke: $(STAMP)
 	$(BIN)/pytest -q -s -m gpu tests/gpu

@@ -210,6 +210,12 @@ def hostfile_nodes(path: str) -> int:
     return len(hosts)
 
 
+def tool_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/offload-launch (default ~/.cache/offload-launch): probe figures, model profiles,
+    and the fingerprints of configs DeepSpeed already accepted."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "offload-launch"
+
+
 def build_plan(opts: dict):
     """Inspect the host and the model, then plan. Heavy imports stay inside so `--help` is instant."""
     from dataclasses import replace
@@ -243,7 +249,7 @@ def build_plan(opts: dict):
     if opts.get("hostfile"):
         host = replace(host, nodes=hostfile_nodes(opts["hostfile"]))
     rates, aio = host_rates(host, opts["nvme_path"])
-    model = inspect_model(opts["model_spec"], trust_remote_code=opts["trust_remote_code"])
+    model = inspect_model(opts["model_spec"], trust_remote_code=opts["trust_remote_code"], cache_dir=tool_cache_dir())
     return make_plan(model, host, workload, rates, aio)
 
 
@@ -254,7 +260,7 @@ def host_rates(host, nvme_path: str | None):
 
     cached = None
     if host.source == "live":
-        cached = probe.load_cached(probe.cache_path(os.environ.get("XDG_CACHE_HOME")), probe.host_id())
+        cached = probe.load_cached(probe.cache_path(tool_cache_dir()), probe.host_id())
     aio = None
     if cached and cached.aio and nvme_path and cached.details.get("nvme_path") == nvme_path:
         aio = cached.aio
@@ -293,7 +299,7 @@ def run(dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tup
         plan = build_plan(opts)
         ds_config = dsconfig.render(plan) if plan.chosen else None
         if ds_config is not None:
-            dsconfig.validate(ds_config, plan.world_size)
+            dsconfig.validate(ds_config, plan.world_size, cache_dir=tool_cache_dir())
         show_plan(plan, ds_config, as_json)
         if config_out:
             Path(config_out).write_text(json.dumps(ds_config, indent=2) + "\n")
@@ -333,7 +339,7 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     if plan.chosen is None:
         show_plan(plan, None, as_json)
     rundir.check_owner(out, jobs.model_identity(plan), str(Path(opts["data"]).resolve()), opts["force"])
-    job = jobs.prepare(plan, job_opts, tokenize=not dry_run)
+    job = jobs.prepare(plan, job_opts, tokenize=not dry_run, cache_dir=tool_cache_dir())
     if config_out:
         Path(config_out).write_text(json.dumps(job.ds_config, indent=2) + "\n")
     show_plan(job.plan, job.ds_config, as_json, show_config=dry_run)
@@ -411,7 +417,7 @@ def probe_command(nvme_path: str | None, quick: bool, as_json: bool) -> None:
         )
     with stdout_to_stderr():  # DeepSpeed and the JIT compiler print to stdout; --json owns it
         result = probe.run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=lambda m: click.echo(m, err=True))
-    path = probe.cache_path(os.environ.get("XDG_CACHE_HOME"))
+    path = probe.cache_path(tool_cache_dir())
     probe.save(result, path)
     if as_json:
         click.echo(json.dumps(result.to_json() | {"cache": str(path)}, indent=2))

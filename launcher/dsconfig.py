@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import logging
@@ -188,9 +189,23 @@ def batch_errors(config: dict, world_size: int) -> list[str]:
     return []
 
 
-def validate(config: dict, world_size: int) -> None:
+def validate(config: dict, world_size: int, cache_dir: Path | None = None) -> None:
+    """Schema and batch arithmetic always; then DeepSpeed's own models - skipped when `cache_dir` records
+    that this exact config already passed them under this DeepSpeed version (importing DeepSpeed costs
+    seconds; a repeated dry run needs none of them)."""
     problems = schema_errors(config) + batch_errors(config, world_size)
-    if not problems:
+    marker = _validated_marker(config, cache_dir) if cache_dir and not problems else None
+    if not problems and not (marker and marker.exists()):
         problems = deepspeed_errors(config)
+        if not problems and marker:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
     if problems:
         raise InvalidDsConfig("invalid ds_config: " + "; ".join(problems))
+
+
+def _validated_marker(config: dict, cache_dir: Path) -> Path:
+    from importlib.metadata import version
+
+    payload = json.dumps(config, sort_keys=True) + "|deepspeed " + version("deepspeed")
+    return cache_dir / "validated" / hashlib.sha256(payload.encode()).hexdigest()[:32]

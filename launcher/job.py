@@ -86,7 +86,7 @@ def steps_for_epochs(epochs: float, n_blocks: int, plan: Plan) -> int:
     return max(1, math.ceil(epochs * n_blocks / per_step))
 
 
-def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, environ_python: str | None = None) -> Job:
+def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | None = None) -> Job:
     if plan.chosen is None:
         raise ValueError("prepare() needs a plan whose strategy fits")
     out = Path(opts.output_dir)
@@ -107,7 +107,7 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, environ_python: str
     if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
         swap = rundir.swap_dir(plan.workload.nvme_path or plan.host.nvme.path, str(out))
     ds_config = dsconfig.render(plan, nvme_path=swap)
-    dsconfig.validate(ds_config, plan.world_size)
+    dsconfig.validate(ds_config, plan.world_size, cache_dir=cache_dir)
 
     memory = plan.chosen.memory
     spec = RunSpec(
@@ -144,7 +144,6 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, environ_python: str
         master_addr=opts.master_addr,
         bind_cores=opts.bind_cores,
         extra_args=opts.launcher_args,
-        **({"python": environ_python} if environ_python else {}),
     )
     argv, env = launch.build_command(launch_spec)
     return Job(plan, spec, ds_config, argv, env, n_blocks)

@@ -34,7 +34,11 @@ BYTES_FP32 = 4
 OPTIMIZER_BYTES_PER_PARAM = 12  # [seeds] fp32 master 4 + m 4 + v 4
 OVERLAP_COMM_FACTOR = 4.5  # [DS-docs]
 CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context + cuBLAS/NCCL workspaces, measured ~0.5-1 GiB on A100/H100
-PROCESS_BASELINE_BYTES = 3 * GiB // 2  # per rank: python + torch + deepspeed + transformers resident set
+# Resident set of one rank before model states: python + torch + deepspeed + transformers + data. Measured
+# here on the CPU accelerator: 0.43-0.57 GiB peak RSS per rank for 0.1-4 M parameter models (make bench).
+# With CUDA the runtime, cuBLAS/cuDNN kernels and the host side of the context add ~1.5 GiB per process.
+PROCESS_BASELINE_BYTES_CPU = GiB // 2
+PROCESS_BASELINE_BYTES_CUDA = 2 * GiB
 GPU_USABLE_FRACTION = 0.90  # allocator fragmentation headroom on the GPU
 CPU_USABLE_FRACTION = 0.85  # leave the OS, page cache and data loader room
 NVME_USABLE_FRACTION = 0.95
@@ -273,7 +277,8 @@ def estimate(
         cpu_per_rank["params kept in CPU (max_in_cpu)"] = min(buckets.max_in_cpu, p // n) * BYTES_16BIT
 
     cpu = {name: value * r for name, value in cpu_per_rank.items()}
-    cpu["process baseline"] = PROCESS_BASELINE_BYTES * r
+    baseline = PROCESS_BASELINE_BYTES_CUDA if has_gpu else PROCESS_BASELINE_BYTES_CPU
+    cpu["process baseline"] = baseline * r
     if not has_gpu:
         # DeepSpeed's CPU accelerator: "device" memory is this node's RAM.
         cpu["device memory (CPU accelerator)"] = sum(gpu.values()) * r
@@ -281,7 +286,7 @@ def estimate(
         # Without ZeRO-3's partitioned loading (zero.Init) every rank first materialises the whole 16-bit
         # model in CPU RAM in from_pretrained; it moves to the device before the optimizer states exist,
         # so the peak is max(load, steady state). Only the excess over the steady state is added.
-        load = (BYTES_16BIT * p + PROCESS_BASELINE_BYTES) * r
+        load = (BYTES_16BIT * p + baseline) * r
         excess = load - sum(cpu.values())
         if excess > 0:
             cpu["model load peak (transient)"] = excess

@@ -7,12 +7,14 @@ directory must hold a `config.json`; weights are optional (planning never reads 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -231,15 +233,47 @@ def _first(config, *names: str, default: int = 0) -> int:
     return default
 
 
+def _profile_cache_file(cache_dir: Path, location: Path, trust_remote_code: bool) -> Path:
+    """Profiles are keyed by the config's bytes and the transformers version that counted them."""
+    from importlib.metadata import version
+
+    config_file = location if location.is_file() else location / "config.json"
+    key = hashlib.sha256(config_file.read_bytes() + f"|{version('transformers')}|{trust_remote_code}".encode())
+    return cache_dir / "profiles" / f"{key.hexdigest()[:32]}.json"
+
+
 def inspect_model(
-    spec: str, *, trust_remote_code: bool = False, hub_timeout: float = HUB_TIMEOUT_SECONDS
+    spec: str,
+    *,
+    trust_remote_code: bool = False,
+    hub_timeout: float = HUB_TIMEOUT_SECONDS,
+    cache_dir: Path | None = None,
 ) -> ModelProfile:
+    """Resolve and count `spec`. With `cache_dir`, a config counted before is read back instead of built
+    again (same config bytes, same transformers version), so a repeated plan skips importing transformers."""
     location, source, name = resolve_config_dir(spec, hub_timeout=hub_timeout)
+    cache_file = _profile_cache_file(cache_dir, location, trust_remote_code) if cache_dir else None
+    if cache_file is not None and cache_file.is_file():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            data = json.loads(cache_file.read_text())
+            data.update(name=name, source=source, config_dir=str(location), param_numels=tuple(data["param_numels"]))
+            data["has_weights"] = source == "local" and any(any(location.glob(p)) for p in _WEIGHT_PATTERNS)
+            return ModelProfile(**data)
+    profile = _inspect(location, source, name, trust_remote_code)
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(profile)))
+        os.replace(tmp, cache_file)
+    return profile
+
+
+def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) -> ModelProfile:
     config = _load_config(location, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     named, tied, architecture = _count_on_meta(config, trust_remote_code)
     if not named:
-        raise UserInputError(f"model '{spec}' has no parameters")
+        raise UserInputError(f"model '{name}' has no parameters")
     largest_name, largest = max(named, key=lambda item: item[1])
 
     per_layer: dict[int, int] = {}

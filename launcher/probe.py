@@ -92,10 +92,8 @@ def host_id() -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-def cache_path(cache_home: str | None) -> Path:
-    """$XDG_CACHE_HOME/offload-launch/probe.json (the CLI passes the environment's value in)."""
-    base = Path(cache_home) if cache_home else Path.home() / ".cache"
-    return base / "offload-launch" / "probe.json"
+def cache_path(tool_cache_dir: Path) -> Path:
+    return tool_cache_dir / "probe.json"
 
 
 def load_cached(path: Path, current_host_id: str) -> ProbeResult | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # them inside this venv (compiled once, shared by every test and every later run), and a test that points
 # XDG_CACHE_HOME elsewhere (the probe cache) still finds them.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# offload-launch's own cache (probe figures, model profiles, validated configs) goes to a fresh folder, so
+# tests neither read a developer's probe nor leave files in the home directory.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="offload-launch-tests-")
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = REPO / "recipes" / "hosts"

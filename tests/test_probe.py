@@ -53,7 +53,7 @@ def test_quick_probe_measures_caches_and_feeds_the_plan(cache_home, tmp_path, ti
             "use_gds",
         }
         assert list(nvme.iterdir()) == []  # the probe cleans up after itself
-    cached = probe.load_cached(probe.cache_path(str(cache_home)), probe.host_id())
+    cached = probe.load_cached(probe.cache_path(cache_home / "offload-launch"), probe.host_id())
     assert cached is not None and cached.figures == figures and cached.date == data["date"]
 
     plan = CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--dry-run", "--json"])
@@ -64,7 +64,7 @@ def test_quick_probe_measures_caches_and_feeds_the_plan(cache_home, tmp_path, ti
 
 
 def test_a_probe_of_another_host_is_ignored(cache_home):
-    path = probe.cache_path(str(cache_home))
+    path = probe.cache_path(cache_home / "offload-launch")
     probe.save(probe.ProbeResult(host_id="someone-else", date="2026-01-01T00:00:00Z", figures={"x": 1}), path)
     assert probe.load_cached(path, probe.host_id()) is None
 
