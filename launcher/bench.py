@@ -36,8 +36,17 @@ def _timed(argv: list[str], env: dict) -> tuple[float, subprocess.CompletedProce
 
 def bench_plan_latency(env: dict) -> dict:
     host = str(REPO_ROOT / "recipes" / "hosts" / "1x-a100-80g.yaml")
-    plan = [sys.executable, "-m", "launcher", "--model", "meta-llama/Llama-2-7b", "--dry-run", "--json",
-            "--host-spec", host]
+    plan = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "--model",
+        "meta-llama/Llama-2-7b",
+        "--dry-run",
+        "--json",
+        "--host-spec",
+        host,
+    ]
     with tempfile.TemporaryDirectory() as cache:
         fresh = dict(env, XDG_CACHE_HOME=cache)
         cold, proc = _timed(plan, fresh)
@@ -50,8 +59,13 @@ def bench_plan_latency(env: dict) -> dict:
         "num_gpus_per_node=1, num_nodes=1)"
     )
     deepspeed = min(_timed([sys.executable, "-c", estimator], env)[0] for _ in range(3))
-    return {"plan_cold_seconds": cold, "plan_warm_seconds": warm, "deepspeed_estimator_seconds": deepspeed,
-            "warm_over_deepspeed": warm / deepspeed, "cold_over_deepspeed": cold / deepspeed}
+    return {
+        "plan_cold_seconds": cold,
+        "plan_warm_seconds": warm,
+        "deepspeed_estimator_seconds": deepspeed,
+        "warm_over_deepspeed": warm / deepspeed,
+        "cold_over_deepspeed": cold / deepspeed,
+    }
 
 
 def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
@@ -78,9 +92,12 @@ def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
         optimizer = build(make())
         optimizer.step()
         seconds = _best_seconds(optimizer.step, 5)
-        results[name] = {"seconds": seconds, "params_per_s": numel / seconds,
-                         "bytes_per_s": ADAM_BYTES_PER_PARAM * numel / seconds,
-                         "fraction_of_memory_bandwidth": ADAM_BYTES_PER_PARAM * numel / seconds / bandwidth}
+        results[name] = {
+            "seconds": seconds,
+            "params_per_s": numel / seconds,
+            "bytes_per_s": ADAM_BYTES_PER_PARAM * numel / seconds,
+            "fraction_of_memory_bandwidth": ADAM_BYTES_PER_PARAM * numel / seconds / bandwidth,
+        }
     reference = results["DeepSpeedCPUAdam"]["seconds"]
     for entry in results.values():
         entry["speedup_of_cpu_adam"] = entry["seconds"] / reference
@@ -102,16 +119,48 @@ def bench_predictions(env: dict, steps: int, workdir: Path) -> list[dict]:
             (workdir / "nvme").mkdir(exist_ok=True)
             extra = ["--nvme-path", str(workdir / "nvme")]
         out = workdir / f"z{stage}-{optimizer}-{param}"
-        argv = [sys.executable, "-m", "launcher", "--model", str(DEMO / "tiny-llama"), "--data",
-                str(DEMO / "data" / "train.jsonl"), "--output-dir", str(out), "--no-resume", "--zero-stage", stage,
-                "--offload-optimizer", optimizer, "--offload-param", param, "--seq-len", "128", "--micro-batch", "4",
-                "--steps", str(steps), "--lr", "3e-3", "--warmup-steps", "2", *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "launcher",
+            "--model",
+            str(DEMO / "tiny-llama"),
+            "--data",
+            str(DEMO / "data" / "train.jsonl"),
+            "--output-dir",
+            str(out),
+            "--no-resume",
+            "--zero-stage",
+            stage,
+            "--offload-optimizer",
+            optimizer,
+            "--offload-param",
+            param,
+            "--seq-len",
+            "128",
+            "--micro-batch",
+            "4",
+            "--steps",
+            str(steps),
+            "--lr",
+            "3e-3",
+            "--warmup-steps",
+            "2",
+            *extra,
+        ]
         seconds, proc = _timed(argv, env)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-3000:])
         run = json.loads((out / "run.json").read_text())
-        rows.append({"strategy": f"ZeRO-{stage} opt={optimizer} param={param}", "wall_seconds": seconds,
-                     "predicted": run["predicted"], "measured": run["measured"], "ratios": run["ratios"]})
+        rows.append(
+            {
+                "strategy": f"ZeRO-{stage} opt={optimizer} param={param}",
+                "wall_seconds": seconds,
+                "predicted": run["predicted"],
+                "measured": run["measured"],
+                "ratios": run["ratios"],
+            }
+        )
     return rows
 
 
@@ -140,10 +189,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import psutil
 
-    machine = (f"{platform.processor() or platform.machine()}, {psutil.cpu_count(logical=False)} cores, "
-               f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, python {platform.python_version()}")
-    report = {"date": started, "machine": machine, "probe": figures, "plan_latency": latency,
-              "cpu_adam": adam, "predictions": predictions}
+    machine = (
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count(logical=False)} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, python {platform.python_version()}"
+    )
+    report = {
+        "date": started,
+        "machine": machine,
+        "probe": figures,
+        "plan_latency": latency,
+        "cpu_adam": adam,
+        "predictions": predictions,
+    }
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
     return 0
@@ -151,28 +208,38 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(report: dict) -> str:
     lat, adam = report["plan_latency"], report["cpu_adam"]
-    lines = [f"offload-launch bench, {report['date']}, {report['machine']}", "",
-             "| measurement | value | ratio |", "|---|---|---|",
-             f"| 7B dry run, cold cache (fresh process) | {lat['plan_cold_seconds']:.2f} s | "
-             f"{lat['cold_over_deepspeed']:.2f} x DeepSpeed estimator |",
-             f"| 7B dry run, warm cache (fresh process) | {lat['plan_warm_seconds']:.2f} s | "
-             f"{lat['warm_over_deepspeed']:.2f} x DeepSpeed estimator |",
-             f"| DeepSpeed `estimate_zero3_model_states_mem_needs_all_cold` (fresh process) | "
-             f"{lat['deepspeed_estimator_seconds']:.2f} s | 1 |"]
+    lines = [
+        f"offload-launch bench, {report['date']}, {report['machine']}",
+        "",
+        "| measurement | value | ratio |",
+        "|---|---|---|",
+        f"| 7B dry run, cold cache (fresh process) | {lat['plan_cold_seconds']:.2f} s | "
+        f"{lat['cold_over_deepspeed']:.2f} x DeepSpeed estimator |",
+        f"| 7B dry run, warm cache (fresh process) | {lat['plan_warm_seconds']:.2f} s | "
+        f"{lat['warm_over_deepspeed']:.2f} x DeepSpeed estimator |",
+        f"| DeepSpeed `estimate_zero3_model_states_mem_needs_all_cold` (fresh process) | "
+        f"{lat['deepspeed_estimator_seconds']:.2f} s | 1 |",
+    ]
     for name, row in adam["optimizers"].items():
-        lines.append(f"| {name}, {adam['numel'] / 1e6:.0f} M params, {adam['threads']} threads | "
-                     f"{row['seconds'] * 1e3:.1f} ms/step, {row['bytes_per_s'] / 1e9:.1f} GB/s "
-                     f"({row['fraction_of_memory_bandwidth']:.0%} of memory bandwidth) | "
-                     f"{row['speedup_of_cpu_adam']:.2f} x CPU-Adam's time |")
+        lines.append(
+            f"| {name}, {adam['numel'] / 1e6:.0f} M params, {adam['threads']} threads | "
+            f"{row['seconds'] * 1e3:.1f} ms/step, {row['bytes_per_s'] / 1e9:.1f} GB/s "
+            f"({row['fraction_of_memory_bandwidth']:.0%} of memory bandwidth) | "
+            f"{row['speedup_of_cpu_adam']:.2f} x CPU-Adam's time |"
+        )
     for row in report["predictions"]:
         ratios = row["ratios"]
-        lines.append(f"| {row['strategy']}: step time measured / predicted | "
-                     f"{row['measured']['step_seconds']:.3f} s vs {row['predicted']['step_seconds']:.3f} s | "
-                     f"{ratios.get('step_seconds', float('nan')):.2f} |")
-        lines.append(f"| {row['strategy']}: CPU memory measured / predicted | "
-                     f"{row['measured']['cpu_bytes_per_node'] / 2**20:.0f} MiB vs "
-                     f"{row['predicted']['cpu_bytes_per_node'] / 2**20:.0f} MiB | "
-                     f"{ratios.get('cpu_bytes_per_node', float('nan')):.2f} |")
+        lines.append(
+            f"| {row['strategy']}: step time measured / predicted | "
+            f"{row['measured']['step_seconds']:.3f} s vs {row['predicted']['step_seconds']:.3f} s | "
+            f"{ratios.get('step_seconds', float('nan')):.2f} |"
+        )
+        lines.append(
+            f"| {row['strategy']}: CPU memory measured / predicted | "
+            f"{row['measured']['cpu_bytes_per_node'] / 2**20:.0f} MiB vs "
+            f"{row['predicted']['cpu_bytes_per_node'] / 2**20:.0f} MiB | "
+            f"{ratios.get('cpu_bytes_per_node', float('nan')):.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -339,10 +340,13 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     if plan.chosen is None:
         show_plan(plan, None, as_json)
     rundir.check_owner(out, jobs.model_identity(plan), str(Path(opts["data"]).resolve()), opts["force"])
+    if opts["bind_cores"] and shutil.which("numactl") is None:
+        raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
     job = jobs.prepare(plan, job_opts, tokenize=not dry_run, cache_dir=tool_cache_dir())
     if config_out:
         Path(config_out).write_text(json.dumps(job.ds_config, indent=2) + "\n")
-    show_plan(job.plan, job.ds_config, as_json, show_config=dry_run)
+    if dry_run or not as_json:  # a training run with --json prints one object: the summary at the end
+        show_plan(job.plan, job.ds_config, as_json, show_config=dry_run)
     command = launch.format_command(job.argv, job.env)
     if dry_run:
         if not as_json:

@@ -144,3 +144,25 @@ def test_rates_sources(write_host):
     probe = ProbeResult(host_id="x", date="d", figures={"cpu_adam_params_per_s": 3e9})
     assert resolve_rates(host, probe).cpu_adam_params_per_s == 3e9
     assert resolve_rates(host, probe).sources["cpu_adam_params_per_s"] == "measured"
+
+
+def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
+    def step(accum: int) -> timing.StepEstimate:
+        return timing.estimate_step(
+            SEVEN_B,
+            ZERO_OFFLOAD,
+            SEEDS_RATES,
+            world=1,
+            ranks_per_node=1,
+            micro_batch=1,
+            grad_accum=accum,
+            seq_len=2048,
+            recompute=True,
+            has_gpu=True,
+        )
+
+    one, two = step(4), step(8)
+    assert two.compute_seconds_per_step == pytest.approx(2 * one.compute_seconds_per_step)
+    assert two.pcie_bytes_per_step == one.pcie_bytes_per_step == 4 * SEVEN_B
+    assert two.cpu_adam_seconds_per_step == one.cpu_adam_seconds_per_step
+    assert two.offload_overhead_fraction < one.offload_overhead_fraction
