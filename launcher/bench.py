@@ -227,8 +227,18 @@ def render(report: dict) -> str:
             f"({row['fraction_of_memory_bandwidth']:.0%} of memory bandwidth) | "
             f"{row['speedup_of_cpu_adam']:.2f} x CPU-Adam's time |"
         )
+    for name, value in report["probe"].items():
+        if name.startswith("pcie_"):  # with a GPU: host<->device copies, pinned and pageable
+            lines.append(f"| {name} | {value / 1e9:.1f} GB/s | |")
     for row in report["predictions"]:
         ratios = row["ratios"]
+        if "gpu_bytes_per_device" in ratios:
+            lines.append(
+                f"| {row['strategy']}: GPU memory measured / predicted | "
+                f"{row['measured']['gpu_bytes_per_device'] / 2**20:.0f} MiB vs "
+                f"{row['predicted']['gpu_bytes_per_device'] / 2**20:.0f} MiB | "
+                f"{ratios['gpu_bytes_per_device']:.2f} |"
+            )
         lines.append(
             f"| {row['strategy']}: step time measured / predicted | "
             f"{row['measured']['step_seconds']:.3f} s vs {row['predicted']['step_seconds']:.3f} s | "
