@@ -1,4 +1,5 @@
-"""The decision framework: enumerate strategies fastest-first, size each, pick the first that fits.
+"""The decision framework: enumerate strategies fastest-first, size and time each, pick the fastest
+predicted that fits (ties keep the framework's order).
 
 Pure: same (model, host, workload) in, same Plan out; no processes, no files, no environment.
 
