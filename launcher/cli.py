@@ -249,12 +249,12 @@ def build_plan(opts: dict):
         host = probe_host(opts["nvme_path"])
     if opts.get("hostfile"):
         host = replace(host, nodes=hostfile_nodes(opts["hostfile"]))
-    rates, aio = host_rates(host, opts["nvme_path"])
     model = inspect_model(opts["model_spec"], trust_remote_code=opts["trust_remote_code"], cache_dir=tool_cache_dir())
+    rates, aio = host_rates(host, opts["nvme_path"], model.hidden_size)
     return make_plan(model, host, workload, rates, aio)
 
 
-def host_rates(host, nvme_path: str | None):
+def host_rates(host, nvme_path: str | None, width: int):
     """Rates for the step-time model: this host's cached probe (if it is this host), else described/nominal;
     and the aio settings the probe found best for the NVMe folder it measured."""
     from launcher import probe
@@ -265,7 +265,7 @@ def host_rates(host, nvme_path: str | None):
     aio = None
     if cached and cached.aio and nvme_path and cached.details.get("nvme_path") == nvme_path:
         aio = cached.aio
-    return probe.resolve_rates(host, cached), aio
+    return probe.resolve_rates(host, cached, width), aio
 
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:

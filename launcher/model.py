@@ -22,6 +22,7 @@ from launcher.errors import UserInputError
 
 BUNDLED_DIR = Path(__file__).parent / "models"
 HUB_TIMEOUT_SECONDS = 5.0
+PROFILE_VERSION = 2  # bump when ModelProfile's fields change: cached profiles are keyed by it
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _LAYER_RE = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.|\.blocks?\.(\d+)\.")
 
@@ -48,6 +49,13 @@ class ModelProfile:
     param_numels: tuple[int, ...]  # every tensor's numel, descending (for persistence thresholds)
     tied_embeddings: bool
     has_weights: bool  # the directory also holds weight files
+    input_embedding_numel: int = 0  # the token embedding table: a lookup, no matmul FLOPs
+
+    @property
+    def compute_params(self) -> int:
+        """Parameters that do matmul work per token: all but an untied input embedding (Kaplan et al. 2020
+        count C = 6·N with N the non-embedding parameters; a tied table still works as the lm_head)."""
+        return self.params - (0 if self.tied_embeddings else self.input_embedding_numel)
 
     def params_below(self, threshold: int) -> int:
         """Elements in tensors smaller than `threshold` (ZeRO-3 keeps these resident, unpartitioned)."""
@@ -202,7 +210,7 @@ def _load_config(location: Path, trust_remote_code: bool):
         ) from None
 
 
-def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool, str]:
+def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool, str, int]:
     """Every (name, numel) of the model built on PyTorch's meta device: exact, instant, no memory.
     `named_parameters()` yields a shared (tied) tensor once."""
     import torch
@@ -222,7 +230,8 @@ def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int
     out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
     if out_emb is not None and in_emb is not None:
         tied = out_emb.weight is in_emb.weight
-    return named, tied, type(model).__name__
+    embedding = in_emb.weight.numel() if in_emb is not None else 0
+    return named, tied, type(model).__name__, embedding
 
 
 def _first(config, *names: str, default: int = 0) -> int:
@@ -238,7 +247,9 @@ def _profile_cache_file(cache_dir: Path, location: Path, trust_remote_code: bool
     from importlib.metadata import version
 
     config_file = location if location.is_file() else location / "config.json"
-    key = hashlib.sha256(config_file.read_bytes() + f"|{version('transformers')}|{trust_remote_code}".encode())
+    key = hashlib.sha256(
+        config_file.read_bytes() + f"|{version('transformers')}|{trust_remote_code}|{PROFILE_VERSION}".encode()
+    )
     return cache_dir / "profiles" / f"{key.hexdigest()[:32]}.json"
 
 
@@ -271,7 +282,7 @@ def inspect_model(
 def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) -> ModelProfile:
     config = _load_config(location, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    named, tied, architecture = _count_on_meta(config, trust_remote_code)
+    named, tied, architecture, embedding = _count_on_meta(config, trust_remote_code)
     if not named:
         raise UserInputError(f"model '{name}' has no parameters")
     largest_name, largest = max(named, key=lambda item: item[1])
@@ -306,4 +317,5 @@ def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) ->
         param_numels=tuple(sorted((n for _, n in named), reverse=True)),
         tied_embeddings=tied,
         has_weights=has_weights and source == "local",
+        input_embedding_numel=embedding,
     )

@@ -336,6 +336,7 @@ def estimate_candidate(
         seq_len=workload.seq_len,
         recompute=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
+        compute_params=model.compute_params,
     )
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -45,6 +46,7 @@ GPU_PEAK_TFLOPS = {
     "V100": 125,
     "T4": 65,
 }
+CPU_MATMUL_WIDTHS = (64, 128, 256, 512, 1024)  # hidden sizes the CPU accelerator's rate is probed at
 AIO_SWEEP = (  # (block_size, queue_depth, intra_op_parallelism)
     (1 << 20, 8, 1),
     (1 << 20, 32, 1),
@@ -134,7 +136,7 @@ def measure_cpu_memory_bandwidth(size_bytes: int, repeats: int = 5) -> float:
     return 2 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats)
 
 
-def measure_cpu_flops(width: int, tokens: int = 2048, repeats: int = 3) -> float:
+def measure_cpu_flops(width: int, tokens: int = 1024, repeats: int = 3) -> float:
     """Useful bf16 FLOP/s of a (tokens x width) @ (width x width) product on the CPU (2·m·k·n FLOPs): the
     shape of a small model's linear layers, which is what the CPU accelerator spends a step on. (On CPUs
     without native bf16 the rate depends strongly on the shape; square 1024 products run 3x slower here.)"""
@@ -228,7 +230,10 @@ def run_probe(nvme_path: str | None, *, quick: bool, has_gpu: bool, log: Callabl
     log("CPU memory bandwidth ...")
     figures["cpu_memory_bandwidth_bytes_per_s"] = measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20)
     log("CPU bf16 matmul ...")
-    figures["cpu_flops_per_s"] = measure_cpu_flops(128 if quick else 256)
+    widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
+    by_width = {str(width): measure_cpu_flops(width) for width in widths}
+    figures["cpu_flops_per_s"] = max(by_width.values())
+    details["cpu_flops_per_s_by_width"] = by_width
     log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")
     params_per_s, threads = measure_cpu_adam(1 << 20 if quick else 32 << 20)
     figures["cpu_adam_params_per_s"] = params_per_s
@@ -258,9 +263,22 @@ def gpu_peak_tflops(name: str) -> float | None:
     return None
 
 
-def resolve_rates(host: HostProfile, probe: ProbeResult | None) -> Rates:
-    """Measured figures (a probe of this very host) win, then the host description, then nominal ones."""
-    measured = probe.figures if probe else {}
+def cpu_flops_for_width(probe: ProbeResult, width: int) -> float | None:
+    """The probed bf16 matmul rate at the probed width nearest (in ratio) to the model's hidden size:
+    without native bf16 a CPU's rate swings several-fold with the shape."""
+    by_width = {int(k): v for k, v in probe.details.get("cpu_flops_per_s_by_width", {}).items()}
+    if not by_width:
+        return None
+    nearest = min(by_width, key=lambda w: abs(math.log(w / width)))
+    return by_width[nearest]
+
+
+def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | None = None) -> Rates:
+    """Measured figures (a probe of this very host) win, then the host description, then nominal ones.
+    `width` (the model's hidden size) picks the CPU accelerator's matmul rate at the nearest probed shape."""
+    measured = dict(probe.figures) if probe else {}
+    if probe and width and (rate := cpu_flops_for_width(probe, width)):
+        measured["cpu_flops_per_s"] = rate
     sources: dict = {}
 
     def pick(name: str, described: float | None, nominal: float) -> float:

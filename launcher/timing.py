@@ -127,9 +127,11 @@ def estimate_step(
     seq_len: int,
     recompute: bool,
     has_gpu: bool,
+    compute_params: int | None = None,
 ) -> StepEstimate:
+    """`params` size the transfers and the optimizer; `compute_params` (default: all of them) the FLOPs."""
     tokens_per_rank = micro_batch * grad_accum * seq_len
-    t_compute = compute_seconds(params, tokens_per_rank, recompute, rates.compute_flops_per_s)
+    t_compute = compute_seconds(compute_params or params, tokens_per_rank, recompute, rates.compute_flops_per_s)
     overlapped, serial = pcie_bytes(params, strategy, world, grad_accum) if has_gpu else (0, 0)
     t_pcie_overlapped = overlapped / rates.pcie_bytes_per_s
     t_pcie_serial = serial / rates.pcie_bytes_per_s

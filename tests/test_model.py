@@ -162,3 +162,11 @@ def test_unknown_hub_id_offline_answers_fast():
     with pytest.raises(UserInputError, match="unknown model 'nobody/no-such-model'"):
         inspect_model("nobody/no-such-model")
     assert time.monotonic() - start < 5
+
+
+def test_compute_params_leave_out_the_lookup_table(tmp_path):
+    untied = inspect_model(str(save_config(tiny_llama_config(), tmp_path / "untied")))
+    tied = inspect_model(str(save_config(tiny_llama_config(tie_word_embeddings=True), tmp_path / "tied")))
+    assert untied.input_embedding_numel == 256 * 64
+    assert untied.compute_params == untied.params - 256 * 64  # the lm_head still multiplies
+    assert tied.compute_params == tied.params  # the shared table is the lm_head's matmul

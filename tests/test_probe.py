@@ -85,3 +85,20 @@ def test_probe_rejects_a_missing_nvme_path(cache_home, tmp_path):
 )
 def test_datasheet_tflops(name, tflops):
     assert probe.gpu_peak_tflops(name) == tflops
+
+
+def test_cpu_rate_is_taken_at_the_nearest_probed_width():
+    result = probe.ProbeResult(
+        host_id="h",
+        date="d",
+        figures={"cpu_flops_per_s": 9e9},
+        details={"cpu_flops_per_s_by_width": {"128": 3e9, "1024": 1e9}},
+    )
+    assert probe.cpu_flops_for_width(result, 100) == 3e9
+    assert probe.cpu_flops_for_width(result, 4096) == 1e9
+    from conftest import host_path
+
+    from launcher.host import load_host_spec
+
+    rates = probe.resolve_rates(load_host_spec(host_path("cpu-only")), result, width=128)
+    assert rates.compute_flops_per_s == 3e9 and rates.sources["cpu_flops_per_s"] == "measured"
