@@ -16,7 +16,6 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm")
 ENTRY_MODULE = "launcher.train"
 STOP_GRACE_SECONDS = 30
 

@@ -73,11 +73,6 @@ def fmt_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-def fmt_gb(n: int | float) -> str:
-    """Decimal gigabytes, as the seeds and vendors write them (7B x 16 B = 112 GB)."""
-    return f"{n / GB:.1f} GB"
-
-
 def fmt_count(n: int) -> str:
     """Parameter counts: 6,738,415,616 (6.74 B)."""
     if n >= 10**9:

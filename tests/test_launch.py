@@ -160,3 +160,21 @@ def test_metrics_are_trimmed_to_the_resumed_step(tmp_path):
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)) + '{"step": 8, "lo')
     trim_metrics(path, 4)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_epochs_become_optimizer_steps():
+    from launcher.host import load_host_spec
+    from launcher.job import steps_for_epochs
+    from launcher.model import inspect_model
+    from launcher.plan import Workload, make_plan
+
+    plan = make_plan(
+        inspect_model("gpt2"),
+        load_host_spec(host_path("8x-a100-80g")),
+        Workload(micro_batch=2, grad_accum=4, seq_len=512),
+    )
+    # 8 ranks x 2 sequences x 4 micro-batches = 64 blocks per optimizer step
+    assert steps_for_epochs(1, 640, plan) == 10
+    assert steps_for_epochs(1.5, 640, plan) == 15
+    assert steps_for_epochs(1, 650, plan) == 11  # a partial last step still runs
+    assert steps_for_epochs(0.01, 640, plan) == 1
