@@ -367,10 +367,11 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
+    speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "no new steps (already done)"
     click.echo(
         f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
-        f"{summary['tokens_per_s']:,.0f} tokens/s, optimizer {summary['optimizer']}, "
-        f"{summary['wall_seconds']:.0f} s\nmodel: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
+        f"{speed}, optimizer {summary['optimizer']}, {summary['wall_seconds']:.0f} s\n"
+        f"model: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
     )
     for name, ratio in summary.get("ratios", {}).items():
         click.echo(f"measured / predicted {name}: {ratio:.2f}")
