@@ -30,6 +30,12 @@ def test_seeds_zero_offload_split():
 
 def test_seeds_zero3_on_8_gpus():
     assert total(model_states(SEVEN_B, Strategy(3), 8)) == 14 * 10**9  # "ZeRO-3 (8 GPUs) 14 GB"
+    assert total(model_states(10 * 10**9, Strategy(3), 8)) == 20 * 10**9  # the README's 10B row
+
+
+def test_readme_10b_zero_offload_row():
+    tiers = model_states(10 * 10**9, Strategy(2, "cpu"), 1)
+    assert sum(tiers["gpu"].values()) == 20 * 10**9 and sum(tiers["cpu"].values()) == 140 * 10**9
 
 
 def test_zero_infinity_moves_everything_off_gpu():
