@@ -408,34 +408,29 @@ def batch_advice(
         "offload_overhead_fraction": overhead,
         "tokens_per_s": chosen.timing.tokens_per_s,
         "target_overhead_fraction": OVERHEAD_TARGET,
-        "grad_accum": None,
-        "micro_batch": None,
     }
-    factor = 2
-    while workload.grad_accum * factor <= MAX_ADVISED_ACCUMULATION:
-        accum = workload.grad_accum * factor
-        trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, grad_accum=accum)
-        if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
-            advice["grad_accum"] = {
-                "value": accum,
-                "tokens_per_s": trial.timing.tokens_per_s,
-                "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
-            }
-            break
-        factor *= 2
-    micro = workload.micro_batch * 2
-    while micro <= workload.micro_batch * MAX_ADVISED_ACCUMULATION:
-        trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, micro_batch=micro)
-        if not trial.fits:
-            break
-        if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
-            advice["micro_batch"] = {
-                "value": micro,
-                "tokens_per_s": trial.timing.tokens_per_s,
-                "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
-            }
-            break
-        micro *= 2
+
+    def first_under_target(name: str, start: int, limit: int) -> dict | None:
+        """Double one knob from its current value, up to `limit`, until the overhead is under the target
+        (None when it never gets there, or when the batch stops fitting in memory)."""
+        value = start * 2
+        while value <= limit:
+            trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, **{name: value})
+            if not trial.fits:
+                return None
+            if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
+                return {
+                    "value": value,
+                    "tokens_per_s": trial.timing.tokens_per_s,
+                    "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
+                }
+            value *= 2
+        return None
+
+    advice["grad_accum"] = first_under_target("grad_accum", workload.grad_accum, MAX_ADVISED_ACCUMULATION)
+    advice["micro_batch"] = first_under_target(
+        "micro_batch", workload.micro_batch, workload.micro_batch * MAX_ADVISED_ACCUMULATION
+    )
     return advice
 
 

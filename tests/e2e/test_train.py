@@ -100,23 +100,18 @@ def test_two_ranks(tiny_model, tiny_data, tmp_path):
 
 
 def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
+    import psutil
+
     out = tmp_path / "run"
-    args = launch_args(
-        tiny_model,
-        tiny_data,
-        out,
-        "--steps",
-        "10",
-        "--save-every",
-        "2",
-        "--zero-stage",
-        "2",
-        "--offload-optimizer",
-        "cpu",
-    )
+    options = ("--steps", "10", "--save-every", "2", "--zero-stage", "2", "--offload-optimizer", "cpu")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        launch_args(tiny_model, tiny_data, out, *options),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 600
     marker = out / "checkpoints" / "step4" / "complete.json"
@@ -128,21 +123,12 @@ def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, log[-2000:]
     assert not (out / "run.json").exists()
+    spec = str(out.resolve() / "run_spec.json")
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
+    assert ranks == [], "a rank outlived SIGTERM"
     interrupted = [m["step"] for m in read_metrics(out)]
     assert 4 <= max(interrupted) < 10
 
-    resumed = run_launch(
-        tiny_model,
-        tiny_data,
-        out,
-        "--steps",
-        "10",
-        "--save-every",
-        "2",
-        "--zero-stage",
-        "2",
-        "--offload-optimizer",
-        "cpu",
-    )
+    resumed = run_launch(tiny_model, tiny_data, out, *options)
     assert "resumed from step" in resumed.stderr
     check_run(out, 10, stage=2, offload_optimizer="cpu", offload_param="none")  # every step exactly once
