@@ -13,8 +13,9 @@ from pathlib import Path
 
 from launcher import dsconfig, launch, report, rundir
 from launcher.errors import UserInputError
+from launcher.files import write_json_atomic
 from launcher.plan import Plan
-from launcher.train import RunSpec, write_json_atomic
+from launcher.train import RunSpec
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from launcher.errors import UserInputError
+from launcher.files import write_json_atomic
 
 BUNDLED_DIR = Path(__file__).parent / "models"
 HUB_TIMEOUT_SECONDS = 5.0
@@ -272,10 +273,7 @@ def inspect_model(
             return ModelProfile(**data)
     profile = _inspect(location, source, name, trust_remote_code)
     if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(profile)))
-        os.replace(tmp, cache_file)
+        write_json_atomic(cache_file, asdict(profile))
     return profile
 
 

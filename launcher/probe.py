@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.files import write_json_atomic
 from launcher.host import HostProfile
 from launcher.timing import MFU, Rates
 from launcher.units import GB
@@ -109,10 +110,7 @@ def load_cached(path: Path, current_host_id: str) -> ProbeResult | None:
 
 
 def save(result: ProbeResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, result.to_json())
 
 
 # ------------------------------------------------------------------------------------------ measuring

@@ -22,6 +22,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from launcher.files import write_json_atomic
+
 COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
 WARMUP_STEPS_EXCLUDED = 1  # the first optimizer step pays JIT/allocator warm-up; medians skip it
 
@@ -61,17 +63,6 @@ class RunSpec:
 
 
 # ------------------------------------------------------------------------------------------- files
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:

@@ -11,7 +11,8 @@ from conftest import host_path
 from launcher import launch, rundir
 from launcher.cli import cli
 from launcher.errors import UserInputError
-from launcher.train import COMPLETE_MARKER, complete_checkpoints, trim_metrics, write_json_atomic
+from launcher.files import write_json_atomic
+from launcher.train import COMPLETE_MARKER, complete_checkpoints, trim_metrics
 
 
 def spec(**kw) -> launch.LaunchSpec:
