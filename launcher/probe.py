@@ -17,7 +17,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.files import write_json_atomic
@@ -66,13 +66,7 @@ class ProbeResult:
     details: dict = field(default_factory=dict)  # threads, sizes, every sweep point
 
     def to_json(self) -> dict:
-        return {
-            "host_id": self.host_id,
-            "date": self.date,
-            "figures": self.figures,
-            "aio": self.aio,
-            "details": self.details,
-        }
+        return asdict(self)
 
 
 def host_id() -> str:
