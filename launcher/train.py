@@ -15,6 +15,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -23,8 +24,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.files import write_json_atomic
+from launcher.units import fmt_bytes
 
 COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
+# Fault drills: OFFLOAD_LAUNCH_KILL_AT=step:N kills rank 0 with SIGKILL in the middle of step N (after the
+# first backward), =checkpoint:N after DeepSpeed wrote checkpoint N but before its completion marker. Used by
+# the fault tests, and by anyone who wants to see their own setup survive a crash before trusting it.
+KILL_AT_ENV = "OFFLOAD_LAUNCH_KILL_AT"
+CHECKPOINT_BYTES_PER_PARAM = 2 + 12  # 16-bit module + fp32 master and Adam's two moments (ZeRO paper, 16 B - grads)
 WARMUP_STEPS_EXCLUDED = 1  # the first optimizer step pays JIT/allocator warm-up; medians skip it
 
 
@@ -73,6 +80,26 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:
             with contextlib.suppress(ValueError, KeyError, OSError):
                 found.append((int(json.loads(marker.read_text())["step"]), marker.parent.name))
     return sorted(found)
+
+
+def discard_incomplete(checkpoint_dir: Path) -> list[str]:
+    """Remove checkpoint folders without a completion marker: a run stopped while writing them. They are never
+    resumed from, and removing them gives their disk space back before the next save."""
+    complete = {tag for _step, tag in complete_checkpoints(checkpoint_dir)}
+    removed = []
+    if checkpoint_dir.is_dir():
+        for folder in sorted(checkpoint_dir.iterdir()):
+            if folder.is_dir() and folder.name not in complete:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+    return removed
+
+
+def kill_point(where: str, step: int, rank: int) -> None:
+    """SIGKILL this rank (rank 0 only) when OFFLOAD_LAUNCH_KILL_AT names this point: a real crash, on cue."""
+    if rank == 0 and os.environ.get(KILL_AT_ENV) == f"{where}:{step}":
+        print(f"[offload-launch] {KILL_AT_ENV}={where}:{step}: killing rank 0", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
@@ -130,6 +157,7 @@ class Trainer:
         self.zero = self.ds_config.get("zero_optimization", {})
         self.grad_accum = int(self.ds_config["gradient_accumulation_steps"])
         self.micro_batch = int(self.ds_config["train_micro_batch_size_per_gpu"])
+        self.skipped_saves: list[int] = []  # checkpoints skipped for lack of disk space
 
     # --------------------------------------------------------------------------------- loading
 
@@ -196,6 +224,10 @@ class Trainer:
         """Load the newest complete checkpoint; the optimizer step to continue after (0 = fresh)."""
         if not self.spec.resume:
             return 0
+        if self.rank == 0:
+            for tag in discard_incomplete(self.spec.checkpoint_dir):
+                self.log(f"removed incomplete checkpoint {tag} (the run stopped while writing it)")
+        self.dist.barrier()
         checkpoints = complete_checkpoints(self.spec.checkpoint_dir)
         if not checkpoints:
             return 0
@@ -230,6 +262,7 @@ class Trainer:
                 ids = torch.from_numpy(self.blocks[index]).to(self.engine.device)
                 loss = self.engine(input_ids=ids, labels=ids).loss
                 self.engine.backward(loss)
+                kill_point("step", step, self.rank)
                 self.engine.step()
                 loss_sum += loss.detach().float()
             self.dist.all_reduce(loss_sum)
@@ -265,15 +298,55 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> None:
         """DeepSpeed checkpoint, then the completion marker (rank 0, after every rank finished writing),
-        then old checkpoints beyond --keep-checkpoints are removed."""
+        then old checkpoints beyond --keep-checkpoints are removed - so the previous checkpoint stays intact
+        until the new one is complete.
+
+        A disk without room for it skips this save (every rank agrees) with a warning and training goes on:
+        the next save tries again. A write that fails anyway (the disk filled meanwhile) removes the partial
+        folder and stops the run with the reason; rerunning resumes from the previous checkpoint."""
         tag = f"step{step}"
-        self.engine.save_checkpoint(str(self.spec.checkpoint_dir), tag=tag, client_state={"step": step})
+        folder = self.spec.checkpoint_dir / tag
+        self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        needed = self.checkpoint_bytes()
+        free = shutil.disk_usage(self.spec.checkpoint_dir).free
+        room = self.torch.tensor([1 if free >= needed else 0])
+        self.dist.all_reduce(room, op=self.dist.ReduceOp.MIN)
+        if not room.item():
+            newest = complete_checkpoints(self.spec.checkpoint_dir)
+            kept = f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
+            self.log(
+                f"warning: checkpoint {tag} skipped: it needs about {fmt_bytes(needed)} and {self.spec.checkpoint_dir} "
+                f"has {fmt_bytes(free)} free on some rank; {kept}; free space there (the next save tries again)"
+            )
+            self.skipped_saves.append(step)
+            return
+        try:
+            self.engine.save_checkpoint(str(self.spec.checkpoint_dir), tag=tag, client_state={"step": step})
+        except (OSError, RuntimeError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            newest = complete_checkpoints(self.spec.checkpoint_dir)
+            kept = f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
+            raise SystemExit(
+                f"[offload-launch] checkpoint {tag} failed while writing to {self.spec.checkpoint_dir}: "
+                f"{' '.join(str(exc).split())[:200]}; removed the partial folder; {kept}; free space "
+                "(df -h) and rerun the same command to resume"
+            ) from None
+        kill_point("checkpoint", step, self.rank)
         self.dist.barrier()
         if self.rank == 0:
-            write_json_atomic(self.spec.checkpoint_dir / tag / COMPLETE_MARKER, {"step": step, "time": time.time()})
+            write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "time": time.time()})
             for _old_step, old_tag in complete_checkpoints(self.spec.checkpoint_dir)[: -self.spec.keep_checkpoints]:
                 shutil.rmtree(self.spec.checkpoint_dir / old_tag, ignore_errors=True)
         self.dist.barrier()
+
+    def checkpoint_bytes(self) -> int:
+        """What the next checkpoint will take on disk: the newest complete one's size when there is one
+        (exact), else 14 bytes per parameter (16-bit weights + fp32 master weights and two Adam moments)."""
+        newest = complete_checkpoints(self.spec.checkpoint_dir)
+        if newest:
+            return _folder_bytes(str(self.spec.checkpoint_dir / newest[-1][1]))
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in self.model.parameters())
+        return CHECKPOINT_BYTES_PER_PARAM * params
 
     def export(self) -> None:
         """OUT/final: weights consolidated from the ZeRO shards, saved with save_pretrained, plus the
@@ -333,6 +406,7 @@ class Trainer:
             "measured": measured,
             "ratios": ratios,
             "final_dir": str(self.spec.out / "final"),
+            "skipped_checkpoints": list(self.skipped_saves),
         }
 
     def remove_swap_files(self) -> None:

@@ -82,16 +82,21 @@ def launch_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_launch(model: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
+def launch(model: Path, data: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """One `offload-launch` training command, whatever its exit status."""
+    return subprocess.run(
         launch_args(model, data, out, *extra),
         capture_output=True,
         text=True,
-        env=env,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", **(env or {})),
         timeout=LAUNCH_TIMEOUT_SECONDS,
         cwd=REPO,
     )
+
+
+def run_launch(model: Path, data: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """One `offload-launch` training command that must succeed."""
+    proc = launch(model, data, out, *extra, env=env)
     if proc.returncode != 0:
         raise AssertionError(f"offload-launch exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -1,0 +1,114 @@
+"""Faults lose nothing: a run killed during a step or during a checkpoint, or whose disk fills while it
+checkpoints, resumes from its newest complete checkpoint onto the same loss curve as an uninterrupted run
+of the same seed. Real DeepSpeed on the CPU accelerator; kills are real SIGKILLs (OFFLOAD_LAUNCH_KILL_AT
+names the moment), full disks are real tmpfs mounts (skipped where this user cannot mount)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import launch, read_metrics, run_launch
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 8
+OPTIONS = ("--steps", str(STEPS), "--save-every", "2", "--zero-stage", "2", "--offload-optimizer", "cpu")
+# Same seed, same data order, same restored optimizer state: the curves agree to float32 rounding.
+LOSS_TOLERANCE = 1e-4
+
+
+def losses(out: Path) -> list[float]:
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), "each step exactly once"
+    return [m["loss"] for m in metrics]
+
+
+def complete(out: Path) -> list[str]:
+    return sorted(marker.parent.name for marker in (out / "checkpoints").glob("*/complete.json"))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tiny_data, tmp_path_factory) -> list[float]:
+    """The loss curve of the uninterrupted run."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run_launch(tiny_model, tiny_data, out, *OPTIONS)
+    return losses(out)
+
+
+def same_curve(out: Path, reference: list[float]) -> None:
+    resumed = losses(out)
+    assert max(abs(a - b) for a, b in zip(resumed, reference, strict=True)) < LOSS_TOLERANCE, (resumed, reference)
+
+
+def test_killed_during_a_checkpoint_then_during_a_step_resumes_on_the_same_curve(
+    tiny_model, tiny_data, tmp_path, reference
+):
+    out = tmp_path / "run"
+    # 1. SIGKILL after DeepSpeed wrote checkpoint step4, before its completion marker.
+    killed = launch(tiny_model, tiny_data, out, *OPTIONS, env={"OFFLOAD_LAUNCH_KILL_AT": "checkpoint:4"})
+    assert killed.returncode != 0
+    assert "rerun the same command to resume" in killed.stderr
+    assert (out / "checkpoints" / "step4").is_dir() and complete(out) == ["step2"]  # half-written: not complete
+
+    # 2. The resume never picks the half-written step4: it removes it, continues after step 2, and is killed
+    #    in the middle of step 7 (after a backward, before the optimizer step).
+    killed = launch(tiny_model, tiny_data, out, *OPTIONS, env={"OFFLOAD_LAUNCH_KILL_AT": "step:7"})
+    assert killed.returncode != 0
+    assert "removed incomplete checkpoint step4" in killed.stderr
+    assert "resumed from step2 (step 2)" in killed.stderr
+    assert complete(out) == ["step4", "step6"]  # --keep-checkpoints 2 rotated step2 out
+
+    # 3. The last resume continues after step 6 and finishes on the uninterrupted run's curve.
+    done = run_launch(tiny_model, tiny_data, out, *OPTIONS)
+    assert "resumed from step6 (step 6)" in done.stderr
+    same_curve(out, reference)
+    assert json.loads((out / "run.json").read_text())["skipped_checkpoints"] == []
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str):
+    """A small real file system at `path` (root only; skips the test where mounting is not allowed)."""
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()}); needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_disk_without_room_skips_the_save_and_keeps_the_previous_checkpoint(tiny_model, tiny_data, tmp_path, reference):
+    out = tmp_path / "run"
+    # A checkpoint of this model is about 1.3 MiB: room for the first, not for a second next to it.
+    with tmpfs(out / "checkpoints", "size=2m"):
+        done = run_launch(tiny_model, tiny_data, out, *OPTIONS)
+        assert "warning: checkpoint step4 skipped" in done.stderr
+        assert "checkpoint step2 is intact" in done.stderr
+        assert complete(out) == ["step2"]
+        run = json.loads((out / "run.json").read_text())
+        assert run["skipped_checkpoints"] == [4, 6, 8]
+    same_curve(out, reference)  # skipping saves never changes the training
+
+
+def test_disk_full_while_writing_fails_that_save_and_resume_continues(tiny_model, tiny_data, tmp_path, reference):
+    out = tmp_path / "run"
+    # Room in bytes but not in files: the space check passes, then DeepSpeed's write of step4 fails.
+    with tmpfs(out / "checkpoints", "size=64m,nr_inodes=9") as checkpoints:
+        failed = launch(tiny_model, tiny_data, out, *OPTIONS)
+        assert failed.returncode != 0
+        assert "checkpoint step4 failed while writing" in failed.stderr
+        assert "removed the partial folder; checkpoint step2 is intact" in failed.stderr
+        assert "rerun the same command to resume" in failed.stderr
+        assert complete(out) == ["step2"] and not (checkpoints / "step4").exists()
+
+        # The user frees space; the same command resumes from step 2 and ends on the uninterrupted curve.
+        subprocess.run(["mount", "-o", "remount,nr_inodes=1000", str(checkpoints)], check=True)
+        done = run_launch(tiny_model, tiny_data, out, *OPTIONS)
+        assert "resumed from step2 (step 2)" in done.stderr
+        same_curve(out, reference)
