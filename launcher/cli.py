@@ -342,6 +342,7 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     rundir.check_owner(out, jobs.model_identity(plan), str(Path(opts["data"]).resolve()), opts["force"])
     if opts["bind_cores"] and shutil.which("numactl") is None:
         raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
+    host_checks(plan, out, fatal=not dry_run)
     job = jobs.prepare(plan, job_opts, tokenize=not dry_run, cache_dir=tool_cache_dir())
     if config_out:
         Path(config_out).write_text(json.dumps(job.ds_config, indent=2) + "\n")
@@ -375,6 +376,24 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     )
     for name, ratio in summary.get("ratios", {}).items():
         click.echo(f"measured / predicted {name}: {ratio:.2f}")
+
+
+def host_checks(plan, out: Path, *, fatal: bool) -> None:
+    """This machine's limits against the plan, before anything is written or started: a failed check stops a
+    real run with its exit code; a dry run (or a non-fatal check) prints it as a warning on stderr."""
+    from launcher import preflight, rundir
+
+    strategy = plan.chosen.strategy
+    swap = None
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
+        swap = rundir.swap_dir(plan.workload.nvme_path or plan.host.nvme.path, str(out))
+    problems = preflight.check(plan, own_swap_dir=swap)
+    for problem in problems:
+        if not (fatal and problem.fatal):
+            click.echo(f"warning: {problem.message}", err=True)
+    for problem in problems:
+        if fatal and problem.fatal:
+            raise ToolError(problem.message, problem.exit_code)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ from pathlib import Path
 from launcher.errors import UserInputError
 
 RESULT_FILES = ("metrics.jsonl", "run.json")
+SWAP_PREFIX = "offload-launch-"  # every run's folder under --nvme-path starts with this
+SWAP_OWNER_FILE = "owner.json"  # in that folder: which output folder's run it belongs to
 RESULT_DIRS = ("checkpoints", "final")
 
 
@@ -27,7 +29,7 @@ def swap_dir(nvme_path: str, output_dir: str) -> str:
     """This run's own folder under --nvme-path: stable across resumes of the same OUT, distinct between
     runs, so two runs sharing a drive never overwrite each other's swap files (FIELD-NOTES)."""
     digest = hashlib.sha1(str(Path(output_dir).resolve()).encode()).hexdigest()[:12]
-    return str(Path(nvme_path) / f"offload-launch-{digest}")
+    return str(Path(nvme_path) / f"{SWAP_PREFIX}{digest}")
 
 
 def check_owner(output_dir: Path, model: str, data: str, force: bool) -> None:

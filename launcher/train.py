@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.files import write_json_atomic
+from launcher.rundir import SWAP_OWNER_FILE
 from launcher.units import fmt_bytes
 
 COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
@@ -158,6 +159,9 @@ class Trainer:
         self.grad_accum = int(self.ds_config["gradient_accumulation_steps"])
         self.micro_batch = int(self.ds_config["train_micro_batch_size_per_gpu"])
         self.skipped_saves: list[int] = []  # checkpoints skipped for lack of disk space
+        if spec.nvme_swap_dir and self.local_rank == 0:  # says whose swap files these are (preflight reads it)
+            Path(spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(Path(spec.nvme_swap_dir) / SWAP_OWNER_FILE, {"output_dir": str(spec.out.resolve())})
 
     # --------------------------------------------------------------------------------- loading
 
