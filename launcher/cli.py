@@ -77,9 +77,13 @@ def plan_options(func):
         click.option(
             "--model",
             "model_spec",
-            required=True,
             metavar="ID|DIR",
             help="Hugging Face hub id (e.g. meta-llama/Llama-2-7b) or a local directory with config.json.",
+        ),
+        click.option(
+            "--recipe",
+            metavar="NAME|FILE",
+            help="Start from a recipe (offload-launch recipes lists them); options you type override it.",
         ),
         click.option("--trust-remote-code", is_flag=True, help="Allow model code shipped with the checkpoint."),
         click.option(
@@ -281,6 +285,44 @@ def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = T
         )
 
 
+def apply_recipe(ctx: click.Context, opts: dict) -> None:
+    """Lay the recipe's options under what the user typed; resolve --host-spec names; require a model."""
+    from click.core import ParameterSource
+
+    from launcher import recipes
+
+    if opts["recipe"]:
+        recipe = recipes.find(opts["recipe"])
+        for name, value in recipe.options.items():
+            if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+                opts[name] = value
+    if ctx.get_parameter_source("host_spec") is ParameterSource.COMMANDLINE:
+        opts["host_spec"] = recipes.host_spec_path(opts["host_spec"])  # a name, a file, or 'this'
+    if not opts["model_spec"]:
+        raise UserInputError("missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)")
+
+
+RECIPES_EPILOG = """\b
+Examples:
+  offload-launch recipes
+  offload-launch --recipe llama2-7b-1x24g --dry-run
+  offload-launch --recipe llama2-7b-1x24g --data ./ds --host-spec this   # on this machine
+"""
+
+
+@cli.command("recipes", epilog=RECIPES_EPILOG)
+@user_errors
+def recipes_command() -> None:
+    """List the bundled recipes, the strategy each plans, and who each is for."""
+    from launcher import recipes
+
+    defaults = run.make_context("run", [], resilient_parsing=True).params
+    for recipe in recipes.available():
+        plan = build_plan(defaults | recipe.options)
+        label = plan.chosen.strategy.label if plan.chosen else "does not fit"
+        click.echo(f"{recipe.name:<26} {label:<34} {recipe.summary}")
+
+
 @cli.command("run", epilog=RUN_EPILOG)
 @plan_options
 @train_options
@@ -289,12 +331,79 @@ def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = T
 @click.option(
     "--config-out", type=click.Path(dir_okay=False, writable=True), metavar="PATH", help="Write the ds_config to PATH."
 )
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Check the configuration in minutes instead of training: a few steps (--steps, default 3) and named "
+    "checks (config, data, engine, loss, memory, checkpoint, NVMe clean-up); exit 10-18 names the failed one.",
+)
+@click.option(
+    "--smoke-layers",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="With --smoke: keep the real shapes but only K transformer layers, random weights.",
+)
+@click.option(
+    "--smoke-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=15.0,
+    show_default=True,
+    metavar="MINUTES",
+    help="With --smoke: fail (exit 17) instead of hanging past this many minutes.",
+)
+@click.option(
+    "--smoke-memory-tolerance",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.25,
+    show_default=True,
+    metavar="RATIO",
+    help="With --smoke: the largest measured / predicted peak memory per tier the memory check accepts.",
+)
+@click.option(
+    "--junit-xml",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="With --smoke: also write the checks as JUnit XML (one test case per check) for CI.",
+)
 @click.argument("launcher_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- DEEPSPEED_LAUNCHER_ARGS]")
 @user_errors
-def run(dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tuple[str, ...], **opts) -> None:
+def run(
+    dry_run: bool,
+    as_json: bool,
+    config_out: str | None,
+    smoke: bool,
+    smoke_layers: int | None,
+    smoke_timeout: float,
+    smoke_memory_tolerance: float,
+    junit_xml: str | None,
+    launcher_args: tuple[str, ...],
+    **opts,
+) -> None:
     """Plan, write the config and, with --data, train: DeepSpeed's own launcher on a real training loop
     with DeepSpeedCPUAdam, checkpoints, resume and export. Without --data it prints the plan."""
     from launcher import dsconfig
+
+    apply_recipe(click.get_current_context(), opts)
+    smoke_only = [name for name, value in (("--smoke-layers", smoke_layers), ("--junit-xml", junit_xml)) if value]
+    if smoke_only and not smoke:
+        raise UserInputError(f"{smoke_only[0]} only applies to a smoke test: add --smoke")
+    if smoke:
+        if opts["data"] is None:
+            raise UserInputError("--smoke trains a few steps on real data: add --data PATH")
+        if dry_run:
+            raise UserInputError("--smoke and --dry-run exclude each other: a smoke test runs; drop one")
+        report = smoke_test(
+            opts,
+            layers=smoke_layers,
+            timeout_minutes=smoke_timeout,
+            tolerance=smoke_memory_tolerance,
+            as_json=as_json,
+            junit_xml=junit_xml,
+            launcher_args=launcher_args,
+        )
+        if report.failed:
+            raise ToolError(f"smoke check '{report.failed.name}' failed: {report.failed.message}", report.exit_code)
+        return
 
     if opts["data"] is None:
         plan = build_plan(opts)
@@ -312,12 +421,10 @@ def run(dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tup
     train(opts, dry_run=dry_run, as_json=as_json, config_out=config_out, launcher_args=launcher_args)
 
 
-def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tuple[str, ...]) -> None:
+def _job_options(opts: dict, output_dir: str, launcher_args: tuple[str, ...]):
     from launcher import job as jobs
-    from launcher import launch, rundir
 
-    output_dir = opts["output_dir"] or rundir.default_output_dir(opts["model_spec"])
-    job_opts = jobs.JobOptions(
+    return jobs.JobOptions(
         data=opts["data"],
         output_dir=output_dir,
         text_field=opts["text_field"],
@@ -335,6 +442,14 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
         bind_cores=opts["bind_cores"],
         launcher_args=launcher_args,
     )
+
+
+def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, launcher_args: tuple[str, ...]) -> None:
+    from launcher import job as jobs
+    from launcher import launch, rundir
+
+    output_dir = opts["output_dir"] or rundir.default_output_dir(opts["model_spec"])
+    job_opts = _job_options(opts, output_dir, launcher_args)
     out = Path(output_dir)
     plan = build_plan(opts)
     if plan.chosen is None:
@@ -357,7 +472,7 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
         rundir.start_over(out)
     jobs.write(job)
     click.echo(f"\nwrote {out}/plan.json, ds_config.json, run_spec.json\nlaunching: {command}\n", err=as_json)
-    code = launch.run(job.argv, job.env, dict(os.environ))
+    code = launch.run(job.argv, job.env, dict(os.environ), stdout_to_stderr=as_json)
     if code != 0:
         raise ToolError(
             f"training stopped (exit {code}); rerun the same command to resume from the newest complete "
@@ -376,6 +491,146 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     )
     for name, ratio in summary.get("ratios", {}).items():
         click.echo(f"measured / predicted {name}: {ratio:.2f}")
+
+
+def smoke_test(
+    opts: dict,
+    *,
+    layers: int | None,
+    timeout_minutes: float,
+    tolerance: float,
+    as_json: bool,
+    junit_xml: str | None,
+    launcher_args: tuple[str, ...],
+):
+    """--smoke: the planned configuration for a few steps, as named checks (launcher/smoke.py). Returns the
+    SmokeReport after printing it (text, or one JSON object) and writing --junit-xml."""
+    import time
+    from dataclasses import replace
+
+    from launcher import dsconfig, launch, rundir, smoke
+    from launcher import job as jobs
+    from launcher.dsconfig import InvalidDsConfig
+
+    started = time.monotonic()
+    ctx = click.get_current_context()
+    opts = dict(opts)
+    # Smoke defaults, unless given: 3 steps at a constant 1e-3 on one batch (the schedule is not under test).
+    for name, value in (("steps", smoke.DEFAULT_STEPS), ("lr", smoke.DEFAULT_LR)):
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
+            opts[name] = value
+    model_spec = opts["model_spec"]
+    out = Path(opts["output_dir"] or rundir.default_output_dir(model_spec) + "-smoke")
+    report = smoke.SmokeReport(model=model_spec, strategy=None, layers=layers, full_model=None)
+
+    if layers:
+        full = build_plan(opts)
+        truncated, full_layers = smoke.truncate_model(
+            model_spec, layers, out / "smoke-model", opts["trust_remote_code"]
+        )
+        report.full_model = {"layers": full_layers, "fits": full.chosen is not None, "summary": _fit_summary(full)}
+        opts["tokenizer"] = smoke.tokenizer_source(model_spec, opts["tokenizer"])
+        opts["model_spec"] = str(truncated)
+
+    t0 = time.monotonic()
+    plan = build_plan(opts)
+    job_opts = _job_options(opts, str(out), launcher_args)
+    job_opts = replace(job_opts, resume=False, save_every=0)
+    if plan.chosen is None:
+        report.add(
+            smoke.Check("config", False, f"does not fit: {'; '.join(plan.reasons)[-300:]}", time.monotonic() - t0)
+        )
+        return _finish_smoke(report, as_json, junit_xml)
+    report.strategy = plan.chosen.strategy.label
+    try:
+        dsconfig.validate(dsconfig.render(plan), plan.world_size, cache_dir=tool_cache_dir())
+    except InvalidDsConfig as exc:
+        report.add(smoke.Check("config", False, str(exc), time.monotonic() - t0))
+        return _finish_smoke(report, as_json, junit_xml)
+    report.add(
+        smoke.Check(
+            "config", True, f"{report.strategy}: the schema and DeepSpeed's models accept it", time.monotonic() - t0
+        )
+    )
+
+    t0 = time.monotonic()
+    try:
+        blocks = jobs.load_blocks(job_opts, jobs.model_identity(plan), plan.workload.seq_len, out / "cache")
+    except OffloadLaunchError as exc:
+        report.add(smoke.Check("data", False, str(exc), time.monotonic() - t0))
+        return _finish_smoke(report, as_json, junit_xml)
+    need = plan.workload.micro_batch * plan.world_size
+    if len(blocks) < need:
+        message = f"{len(blocks)} blocks of {plan.workload.seq_len} tokens; one batch needs {need}: add data"
+        report.add(smoke.Check("data", False, message, time.monotonic() - t0))
+        return _finish_smoke(report, as_json, junit_xml)
+    message = f"{len(blocks):,} blocks of {plan.workload.seq_len} tokens from {opts['data']}"
+    report.add(smoke.Check("data", True, message, time.monotonic() - t0))
+
+    job = jobs.prepare(plan, job_opts, tokenize=True, cache_dir=tool_cache_dir())
+    host_checks(plan, out, fatal=True)
+    rundir.start_over(out)
+    (out / smoke.RESULT_FILE).unlink(missing_ok=True)
+    ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}  # constant lr: see DEFAULT_LR
+    spec = replace(job.spec, smoke=True, smoke_memory_tolerance=tolerance, resume=False)
+    job = replace(job, ds_config=ds_config, spec=spec)
+    jobs.write(job)
+    click.echo(f"smoke test: {launch.format_command(job.argv, job.env)}", err=True)
+    budget = timeout_minutes * 60 - (time.monotonic() - started)
+    t0 = time.monotonic()
+    code = launch.run(job.argv, job.env, dict(os.environ), timeout=max(1.0, budget), stdout_to_stderr=True)
+    seconds = time.monotonic() - t0
+    for check in smoke.read_checks(out):
+        report.add(check)
+    ran = {c.name for c in report.checks}
+    for name in ("engine", "loss", "memory", "checkpoint", "nvme_cleanup"):
+        if name not in ran:
+            report.add(smoke.Check(name, None, "not reached: the training processes stopped first"))
+    if code == launch.TIMEOUT_EXIT:
+        report.add(
+            smoke.Check(
+                "timeout",
+                False,
+                f"stopped after {timeout_minutes:g} min (--smoke-timeout); every rank was terminated",
+                seconds,
+            )
+        )
+    else:
+        report.add(smoke.Check("timeout", True, f"finished in {seconds:.0f} s of {timeout_minutes:g} min", seconds))
+        report.add(
+            smoke.Check(
+                "run",
+                code == 0,
+                "training processes exited cleanly"
+                if code == 0
+                else f"training processes exited {code}; the log above says why",
+                seconds,
+            )
+        )
+    return _finish_smoke(report, as_json, junit_xml)
+
+
+def _fit_summary(plan) -> str:
+    from launcher.units import fmt_bytes
+
+    if plan.chosen is None:
+        return "does not fit with any strategy (offload-launch --dry-run shows why)"
+    m = plan.chosen.memory
+    parts = [
+        f"GPU {fmt_bytes(m.gpu_bytes_per_device)} per device" if plan.host.has_gpu else None,
+        f"CPU {fmt_bytes(m.cpu_bytes)} per node",
+        f"NVMe {fmt_bytes(m.nvme_bytes)}" if m.nvme_bytes else None,
+    ]
+    return f"{plan.chosen.strategy.label}: " + ", ".join(p for p in parts if p)
+
+
+def _finish_smoke(report, as_json: bool, junit_xml: str | None):
+    from launcher import smoke
+
+    if junit_xml:
+        smoke.write_junit(report, Path(junit_xml))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else smoke.text(report))
+    return report
 
 
 def host_checks(plan, out: Path, *, fatal: bool) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -210,17 +211,42 @@ def aio_usable() -> bool:
     return result.returncode == 0
 
 
-def probe_nvme(path: str) -> NvmeSpec:
+def check_nvme_folder(path: str, what: str = "--nvme-path") -> Path:
+    """The folder swap files will go to: it must exist, be a directory, and be writable by this user."""
     target = Path(path).expanduser()
     if not target.exists():
-        raise UserInputError(f"--nvme-path {path} does not exist; create it (mkdir -p {path}) or pass another folder")
+        raise UserInputError(f"{what} {path} does not exist; create it (mkdir -p {path}) or pass another folder")
     if not target.is_dir():
-        raise UserInputError(f"--nvme-path {path} is not a directory; pass a folder on a fast local disk")
+        raise UserInputError(f"{what} {path} is not a directory; pass a folder on a fast local disk")
     if not os.access(target, os.W_OK):
-        raise UserInputError(f"--nvme-path {path} is not writable by this user; pick a folder you can write to")
+        raise UserInputError(f"{what} {path} is not writable by this user; pick a folder you can write to")
+    return target
+
+
+def disk_free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def check_nvme_room(path: str, needed_bytes: int, strategy: str, what: str = "--nvme-path") -> None:
+    """Before launch: the real folder behind a plan made for a described host must hold the plan's swap
+    files (the plan only saw the description's `nvme.free`). Same headroom as the planner's."""
+    from launcher.memory import NVME_USABLE_FRACTION
+    from launcher.units import fmt_bytes
+
+    free = disk_free_bytes(check_nvme_folder(path, what))
+    if needed_bytes > free * NVME_USABLE_FRACTION:
+        raise UserInputError(
+            f"{what} {path} has {fmt_bytes(free)} free, but {strategy} needs {fmt_bytes(needed_bytes)} of swap "
+            f"files there; free space on that drive, or pass a folder with at least "
+            f"{fmt_bytes(needed_bytes / NVME_USABLE_FRACTION)} free"
+        )
+
+
+def probe_nvme(path: str) -> NvmeSpec:
+    target = check_nvme_folder(path)
     return NvmeSpec(
         path=str(target),
-        free_bytes=shutil.disk_usage(target).free,
+        free_bytes=disk_free_bytes(target),
         is_nvme=_is_nvme_backed(target),
         aio_usable=aio_usable(),
     )
@@ -318,12 +344,28 @@ def _mapping(value: object, what: str) -> dict:
     return value
 
 
-def _rate(section: dict, key: str, what: str) -> int | None:
-    return parse_size(section[key], what, per_second=True) if key in section else None
+_BARE_SIZE_MINIMUM = 2**20  # a unit-less size under 1 MiB ("memory: 24") is a forgotten unit, not bytes
+_BARE_NUMBER_RE = re.compile(r"^\s*[0-9]+\s*(/\s*s)?\s*$", re.IGNORECASE)
+
+
+def _size(value: object, what: str, *, per_second: bool = False) -> int:
+    """parse_size, refusing small unit-less numbers: `memory: 24` would plan for 24 bytes of GPU memory."""
+    size = parse_size(value, what, per_second=per_second)
+    bare = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and _BARE_NUMBER_RE.match(value)
+    )
+    if bare and 0 < size < _BARE_SIZE_MINIMUM:
+        unit = "GB/s" if per_second else "GiB"
+        raise UserInputError(
+            f"{what}: {value!r} has no unit, so it reads as {size} bytes{'/s' if per_second else ''}; "
+            f"write it with a unit, e.g. '{size}{unit}'"
+        )
+    return size
 
 
 def load_host_spec(path: str) -> HostProfile:
-    """A described host from YAML or JSON. Nothing on this machine is read or checked."""
+    """A described host from YAML or JSON. Nothing on this machine is read or checked. Every error names
+    the file, the key and (YAML) its line: `host.yaml:3: gpus.memory: ...`."""
     import yaml
 
     file = Path(path)
@@ -333,85 +375,95 @@ def load_host_spec(path: str) -> HostProfile:
     try:
         data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}; fix the syntax on that line") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserInputError(f"{where}: invalid YAML: {problem}") from None
+        raise UserInputError(f"{where}: invalid YAML: {problem}; fix the syntax on that line") from None
     spec = _mapping(data, f"{path}")
     lines = _key_lines(text) if file.suffix != ".json" else {}
-    _check_keys(spec, _TOP_KEYS, "host description", path, lines, "")
-    for required in ("gpus", "cpu_memory"):
-        if required not in spec:
-            raise UserInputError(f"{path}: missing required key '{required}' (see README, 'Described hosts')")
 
-    gpus_raw = _mapping(spec["gpus"], f"{path}: gpus")
+    def at(key: str) -> str:
+        line = lines.get(key)
+        return f"{path}:{line}: {key}" if line else f"{path}: {key}"
+
+    def rate(section: dict, key: str, dotted: str) -> int | None:
+        return _size(section[key], at(dotted), per_second=True) if key in section else None
+
+    _check_keys(spec, _TOP_KEYS, "host description", path, lines, "")
+    for required, example in (("gpus", "gpus: {count: 1, memory: 80GiB}"), ("cpu_memory", "cpu_memory: 512GiB")):
+        if required not in spec:
+            raise UserInputError(
+                f"{path}: missing required key '{required}'; add it, e.g. '{example}' (see README, 'Described hosts')"
+            )
+
+    gpus_raw = _mapping(spec["gpus"], at("gpus"))
     _check_keys(gpus_raw, _GPU_KEYS, "gpus", path, lines, "gpus.")
-    count = int(_number(gpus_raw.get("count", 0), f"{path}: gpus.count"))
+    count = int(_number(gpus_raw.get("count", 0), at("gpus.count")))
     if count and "memory" not in gpus_raw:
-        raise UserInputError(f"{path}: missing required key 'gpus.memory' (memory per GPU, e.g. 80GiB)")
+        raise UserInputError(
+            f"{at('gpus')}: missing required key 'gpus.memory'; add the memory per GPU, e.g. 'memory: 80GiB'"
+        )
     capability = str(gpus_raw.get("compute_capability", "8.0"))
     try:
         major, minor = (int(x) for x in capability.split("."))
     except ValueError:
-        raise UserInputError(f"{path}: gpus.compute_capability must look like '8.0', got {capability!r}") from None
+        raise UserInputError(f"{at('gpus.compute_capability')}: must look like '8.0', got {capability!r}") from None
     tflops = gpus_raw.get("tflops")
     gpus = GpuSpec(
         count=count,
-        memory_bytes=parse_size(gpus_raw.get("memory", 0), f"{path}: gpus.memory") if count else 0,
+        memory_bytes=_size(gpus_raw.get("memory", 0), at("gpus.memory")) if count else 0,
         name=str(gpus_raw.get("name", "unknown GPU" if count else "none")),
-        tflops=None if tflops is None else float(_number(tflops, f"{path}: gpus.tflops", integer=False)),
+        tflops=None if tflops is None else float(_number(tflops, at("gpus.tflops"), integer=False)),
         compute_capability=(major, minor),
     )
 
-    pcie = _mapping(spec.get("pcie", {}), f"{path}: pcie")
+    pcie = _mapping(spec.get("pcie", {}), at("pcie"))
     _check_keys(pcie, _PCIE_KEYS, "pcie", path, lines, "pcie.")
     generation = pcie.get("generation")
     if generation is not None and generation not in PCIE_X16_BYTES_PER_S:
-        raise UserInputError(f"{path}: pcie.generation must be one of 3, 4, 5, 6; got {generation!r}")
+        raise UserInputError(f"{at('pcie.generation')}: must be one of 3, 4, 5, 6; got {generation!r}")
     width = pcie.get("width")
     if width is not None and width not in (1, 2, 4, 8, 16):
-        raise UserInputError(f"{path}: pcie.width must be one of 1, 2, 4, 8, 16; got {width!r}")
-    bandwidth = pcie.get("bandwidth")
+        raise UserInputError(f"{at('pcie.width')}: must be one of 1, 2, 4, 8, 16; got {width!r}")
 
     nvme = None
     if spec.get("nvme") is not None:
-        nvme_raw = _mapping(spec["nvme"], f"{path}: nvme")
+        nvme_raw = _mapping(spec["nvme"], at("nvme"))
         _check_keys(nvme_raw, _NVME_KEYS, "nvme", path, lines, "nvme.")
-        for required in ("path", "free"):
+        for required, example in (("path", "path: /local_nvme"), ("free", "free: 2TB")):
             if required not in nvme_raw:
-                raise UserInputError(f"{path}: missing required key 'nvme.{required}'")
+                raise UserInputError(f"{at('nvme')}: missing required key 'nvme.{required}'; add it, e.g. '{example}'")
         nvme = NvmeSpec(
             path=str(nvme_raw["path"]),
-            free_bytes=parse_size(nvme_raw["free"], f"{path}: nvme.free"),
+            free_bytes=_size(nvme_raw["free"], at("nvme.free")),
             is_nvme=bool(nvme_raw.get("is_nvme", True)),
             aio_usable=True,
-            read_bytes_per_s=_rate(nvme_raw, "read", f"{path}: nvme.read"),
-            write_bytes_per_s=_rate(nvme_raw, "write", f"{path}: nvme.write"),
+            read_bytes_per_s=rate(nvme_raw, "read", "nvme.read"),
+            write_bytes_per_s=rate(nvme_raw, "write", "nvme.write"),
         )
 
-    cpu_memory = parse_size(spec["cpu_memory"], f"{path}: cpu_memory")
+    cpu_memory = _size(spec["cpu_memory"], at("cpu_memory"))
     memlock = spec.get("memlock", "unlimited")
     return HostProfile(
         source=str(path),
         gpus=gpus,
-        nodes=int(_number(spec.get("nodes", 1), f"{path}: nodes", minimum=1)),
+        nodes=int(_number(spec.get("nodes", 1), at("nodes"), minimum=1)),
         cpu_memory_bytes=cpu_memory,
         cpu_memory_available_bytes=cpu_memory,
-        cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), f"{path}: cpu_cores", minimum=1)),
+        cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), at("cpu_cores"), minimum=1)),
         pcie_generation=generation,
         pcie_width=width,
-        pcie_bandwidth_bytes_per_s=None
-        if bandwidth is None
-        else parse_size(bandwidth, f"{path}: pcie.bandwidth", per_second=True),
-        memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, f"{path}: memlock"),
-        shm_bytes=parse_size(spec["shm"], f"{path}: shm") if "shm" in spec else cpu_memory // 2,
+        pcie_bandwidth_bytes_per_s=rate(pcie, "bandwidth", "pcie.bandwidth"),
+        # memlock stays parse_size: a bare 65536 bytes (64 KiB) is a real, common limit
+        memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, at("memlock")),
+        shm_bytes=_size(spec["shm"], at("shm")) if "shm" in spec else cpu_memory // 2,
         nvme=nvme,
         cpu_flags=("avx2", "avx512f"),
-        cpu_memory_bandwidth_bytes_per_s=_rate(spec, "cpu_memory_bandwidth", f"{path}: cpu_memory_bandwidth"),
+        cpu_memory_bandwidth_bytes_per_s=rate(spec, "cpu_memory_bandwidth", "cpu_memory_bandwidth"),
         cpu_adam_params_per_s=(
-            float(_number(spec["cpu_adam_params_per_s"], f"{path}: cpu_adam_params_per_s", integer=False, minimum=1))
+            float(_number(spec["cpu_adam_params_per_s"], at("cpu_adam_params_per_s"), integer=False, minimum=1))
             if "cpu_adam_params_per_s" in spec
             else None
         ),

@@ -1,7 +1,8 @@
 """A training job: from a Plan and the run options to the files every rank reads and the launch command.
 
-`prepare()` validates the data (and tokenizes it into OUT/cache when `tokenize`), renders and validates
-the ds_config for this run's own NVMe folder, and builds the (argv, env) for DeepSpeed's launcher.
+`prepare()` checks the NVMe folder the swap files will go to (it exists, is writable and has room), validates
+the data (and tokenizes it into OUT/cache when `tokenize`), renders and validates the ds_config for this
+run's own NVMe folder, and builds the (argv, env) for DeepSpeed's launcher.
 `write()` puts plan.json, ds_config.json and run_spec.json into OUT. Nothing starts a process here.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from launcher import dsconfig, launch, report, rundir
 from launcher.errors import UserInputError
 from launcher.files import write_json_atomic
+from launcher.host import check_nvme_room
 from launcher.plan import Plan
 from launcher.train import RunSpec
 
@@ -92,6 +94,14 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
         raise ValueError("prepare() needs a plan whose strategy fits")
     out = Path(opts.output_dir)
     model_dir = model_identity(plan)
+    strategy = plan.chosen.strategy
+    swap = None
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
+        swap_root = plan.workload.nvme_path or plan.host.nvme.path
+        swap = rundir.swap_dir(swap_root, str(out))
+        if opts.hostfile is None:  # several machines: the folder is on them, not necessarily here
+            what = "--nvme-path" if plan.workload.nvme_path else f"the NVMe folder (nvme.path in {plan.host.source})"
+            check_nvme_room(swap_root, plan.chosen.memory.nvme_bytes, strategy.label, what)
     n_blocks = None
     if tokenize or opts.epochs is not None:
         blocks = load_blocks(opts, model_dir, plan.workload.seq_len, out / "cache" if tokenize else None)
@@ -103,10 +113,6 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
     if opts.epochs is not None:
         plan = replace(plan, workload=replace(plan.workload, steps=steps_for_epochs(opts.epochs, n_blocks, plan)))
 
-    strategy = plan.chosen.strategy
-    swap = None
-    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
-        swap = rundir.swap_dir(plan.workload.nvme_path or plan.host.nvme.path, str(out))
     ds_config = dsconfig.render(plan, nvme_path=swap)
     dsconfig.validate(ds_config, plan.world_size, cache_dir=cache_dir)
 

@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 ENTRY_MODULE = "launcher.train"
 STOP_GRACE_SECONDS = 30
+TIMEOUT_EXIT = 124  # as coreutils' timeout(1)
 
 
 @dataclass(frozen=True)
@@ -92,24 +94,46 @@ class _Forwarder:
             os.killpg(self.process.pid, sig)
 
 
-def run(argv: list[str], env: dict[str, str], base_env: dict[str, str]) -> int:
-    """Start the launcher in its own process group and wait. Ctrl-C / SIGTERM stop every rank."""
-    process = subprocess.Popen(argv, env={**base_env, **env}, start_new_session=True)
+def run(
+    argv: list[str],
+    env: dict[str, str],
+    base_env: dict[str, str],
+    *,
+    timeout: float | None = None,
+    stdout_to_stderr: bool = False,
+) -> int:
+    """Start the launcher in its own process group and wait. Ctrl-C / SIGTERM stop every rank; so does
+    `timeout` (seconds), after which the exit code is TIMEOUT_EXIT. `stdout_to_stderr` keeps the ranks'
+    output off stdout (for --json, whose stdout is one object)."""
+    process = subprocess.Popen(
+        argv, env={**base_env, **env}, start_new_session=True, stdout=sys.stderr if stdout_to_stderr else None
+    )
     forwarder = _Forwarder(process)
     previous = {sig: signal.signal(sig, forwarder) for sig in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
     try:
         while True:
+            wait = STOP_GRACE_SECONDS if forwarder.received else None
+            if deadline is not None and not forwarder.received:
+                wait = max(0.0, deadline - time.monotonic())
             try:
-                code = process.wait(timeout=STOP_GRACE_SECONDS if forwarder.received else None)
+                code = process.wait(timeout=wait)
                 break
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                if forwarder.received:
+                    os.killpg(process.pid, signal.SIGKILL)
+                else:  # the time bound ran out: stop every rank as Ctrl-C would
+                    timed_out = True
+                    forwarder(signal.SIGTERM, None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         # No rank outlives the launcher (DeepSpeed's runner can exit before its children on errors).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+    if timed_out:
+        return TIMEOUT_EXIT
     if forwarder.received:
         return 128 + forwarder.received[0]
     return code if code >= 0 else 128 - code

@@ -169,7 +169,8 @@ def resolve_config_dir(spec: str, *, hub_timeout: float = HUB_TIMEOUT_SECONDS) -
     known = ", ".join(bundled_ids())
     raise UserInputError(
         f"unknown model '{spec}': not a local directory, not reachable on the hub ({note or 'offline'}), "
-        f"not in the Hugging Face cache, and not bundled; bundled ids: {known}"
+        f"not in the Hugging Face cache, and not bundled; check the id, go online to fetch its config, or pass "
+        f"a local directory holding config.json; bundled ids: {known}"
     )
 
 
@@ -182,7 +183,10 @@ def _read_config_dict(config_path: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise UserInputError(f"malformed {config_path}: {exc.msg} at line {exc.lineno}; fix the JSON") from None
     if not isinstance(data, dict):
-        raise UserInputError(f"malformed {config_path}: expected a JSON object")
+        raise UserInputError(
+            f"malformed {config_path}: expected a JSON object of config keys, got a {type(data).__name__}; "
+            "pass a Hugging Face model config"
+        )
     return data
 
 
@@ -194,7 +198,10 @@ def _load_config(location: Path, trust_remote_code: bool):
     data = _read_config_dict(config_file)
     model_type = data.get("model_type")
     if not model_type:
-        raise UserInputError(f"{config_file} has no 'model_type'; is it a Hugging Face model config?")
+        raise UserInputError(
+            f"{config_file} has no 'model_type', so transformers cannot tell the architecture; add it "
+            '(e.g. "model_type": "llama") or pass a Hugging Face model config'
+        )
     try:
         if location.is_file():
             return AutoConfig.for_model(**data)

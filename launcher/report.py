@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from launcher import plan as planning
 from launcher.plan import Plan
 from launcher.units import fmt_bytes, fmt_count
 
 JSON_SCHEMA_VERSION = 1
+
+if TYPE_CHECKING:  # rich is imported where it is used: plan_json and plan_text do not need it
+    from rich.console import Console, Group
+    from rich.table import Table
+    from rich.text import Text
 
 
 def plan_json(plan: Plan, ds_config: dict | None) -> dict:
@@ -59,7 +65,8 @@ def _cell(n: int) -> str:
     return fmt_bytes(n) if n else "-"
 
 
-def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -> str:
+def header_lines(plan: Plan) -> list[str]:
+    """Model, host and workload: what the plan was made for."""
     m, h, w = plan.model, plan.host, plan.workload
     lines = []
     lines.append(f"Model     {m.name}  [{m.architecture}, {m.source} config]")
@@ -85,6 +92,12 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
         f"{plan.world_size} = {plan.tokens_per_step:,} tokens/step; {plan.precision}; activation "
         f"checkpointing {'on' if w.activation_checkpointing else 'off'}"
     )
+    return lines
+
+
+def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -> str:
+    h = plan.host
+    lines = header_lines(plan)
     lines.append("")
     usable_gpu = planning.usable_gpu_bytes(h) if h.has_gpu else None
     usable_nvme = planning.usable_nvme_bytes(h) if h.nvme else None
@@ -114,15 +127,7 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     lines.append("")
     if plan.chosen:
         lines.append(f"Choice    {plan.chosen.strategy.label}")
-        lines.append("  where the memory goes (per GPU / CPU node / NVMe node):")
-        for tier, terms in (
-            ("GPU", plan.chosen.memory.gpu_terms),
-            ("CPU", plan.chosen.memory.cpu_terms),
-            ("NVMe", plan.chosen.memory.nvme_terms),
-        ):
-            if terms:
-                parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in terms.items() if v)
-                lines.append(f"    {tier:<5}{parts}")
+        lines.extend(memory_lines(plan))
         lines.extend(time_lines(plan))
     else:
         lines.append("Choice    nothing fits this host")
@@ -137,6 +142,20 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
         lines.append("ds_config")
         lines.append(json.dumps(ds_config, indent=2))
     return "\n".join(lines)
+
+
+def memory_lines(plan: Plan) -> list[str]:
+    """The chosen strategy's bytes, term by term, per tier."""
+    lines = ["  where the memory goes (per GPU / CPU node / NVMe node):"]
+    for tier, terms in (
+        ("GPU", plan.chosen.memory.gpu_terms),
+        ("CPU", plan.chosen.memory.cpu_terms),
+        ("NVMe", plan.chosen.memory.nvme_terms),
+    ):
+        if terms:
+            parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in terms.items() if v)
+            lines.append(f"    {tier:<5}{parts}")
+    return lines
 
 
 def time_lines(plan: Plan) -> list[str]:
@@ -175,3 +194,173 @@ def advice_lines(plan: Plan) -> list[str]:
     if not advice["micro_batch"]:
         lines.append("  (no larger micro-batch reaches the target within this host's memory)")
     return lines
+
+
+# ------------------------------------------------------------------------------------------- terminal view
+
+BAR_CELLS = 10  # one cell = a tenth of the usable capacity
+STEP_BAR_CELLS = 30
+CHOSEN_MARK, FITS_MARK, NO_FIT_MARK = "▶", "✓", "✗"
+NEAR_CAPACITY_FRACTION = 0.9  # bars turn yellow above this share of what is usable
+TIER_NAMES = ("GPU", "CPU", "NVMe")
+
+
+def capacities(plan: Plan) -> dict[str, int | None]:
+    """Usable bytes per tier (None: the host has no such tier); the bars are drawn against these."""
+    h = plan.host
+    return {
+        "GPU": planning.usable_gpu_bytes(h) if h.has_gpu else None,
+        "CPU": planning.usable_cpu_bytes(h),
+        "NVMe": planning.usable_nvme_bytes(h) if h.nvme else None,
+    }
+
+
+def tier_bar(need_bytes: int, usable_bytes: int | None, cells: int = BAR_CELLS) -> Text:
+    """`█████░░░░░ 36.0 GiB`: the need as a share of the usable capacity, red when over it. Without a
+    capacity (the CPU accelerator's per-rank device memory) only the bytes; a need for a missing tier is red."""
+    from rich.text import Text
+
+    size = f"{fmt_bytes(need_bytes):>9}"
+    if not need_bytes:
+        return Text(" " * (cells + 1) + f"{'-':>9}", style="dim")
+    if usable_bytes is None:
+        return Text(" " * (cells + 1) + size)
+    if usable_bytes == 0:  # a tier the host does not have
+        return Text((f"{'none':<{cells}} " if cells >= 4 else "") + size, style="bold red")
+    share = need_bytes / usable_bytes
+    filled = min(cells, max(1, round(share * cells)))  # a tiny need still shows one cell
+    style = "red" if share > 1 else "yellow" if share > NEAR_CAPACITY_FRACTION else "green"
+    bar = Text()
+    bar.append("█" * filled, style=style)
+    bar.append("░" * (cells - filled), style="dim")
+    bar.append(" " + size, style="bold red" if share > 1 else style if not cells else "")
+    return bar
+
+
+def candidates_table(plan: Plan, bar_cells: int = BAR_CELLS) -> Table:
+    """Every candidate with a bar per memory tier against its usable capacity; the chosen row marked.
+    tokens/s is left out (it is tokens per step / s/step, the same ranking) to keep the bars wide."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    usable = capacities(plan)
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    table.add_column("  strategy", min_width=12)  # the one column that wraps on a narrow terminal
+    for tier, per in zip(TIER_NAMES, ("/device", "/node", "/node"), strict=True):
+        name = "per rank*" if tier == "GPU" and not plan.host.has_gpu else tier + per
+        of = f"of {fmt_bytes(usable[tier])}" if usable[tier] else "none" if tier == "NVMe" else ""
+        table.add_column(f"{name}\n{of}", justify="right", no_wrap=True)
+    table.add_column("s/step", justify="right", no_wrap=True)
+    table.add_column("offload", justify="right", no_wrap=True)
+    for c in plan.candidates:
+        chosen = c is plan.chosen
+        if chosen:
+            strategy = Text(f"{CHOSEN_MARK} {c.strategy.label}", style="bold green")
+        else:
+            strategy = Text(FITS_MARK if c.fits else NO_FIT_MARK, style="green" if c.fits else "red")
+            strategy.append(f" {c.strategy.label}", style="" if c.fits else "dim")
+        t = c.timing
+        table.add_row(
+            strategy,
+            tier_bar(c.memory.gpu_bytes_per_device, usable["GPU"], bar_cells),
+            tier_bar(c.memory.cpu_bytes, usable["CPU"], bar_cells),
+            tier_bar(c.memory.nvme_bytes, usable["NVMe"] or 0, bar_cells),  # 0: no NVMe, any need is red
+            Text(f"{t.step_seconds:.3g}"),
+            Text(f"{t.offload_overhead_fraction:.0%}"),
+        )
+    return table
+
+
+def step_table(plan: Plan, cells: int = STEP_BAR_CELLS) -> Table:
+    """The chosen strategy's predicted step, part by part, each bar a share of the whole step."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = plan.chosen.timing
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    table.add_column("part", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("share of the step", no_wrap=True)
+    table.add_column("moves", justify="right", no_wrap=True)
+    parts = (
+        ("compute", t.compute_seconds_per_step, None, "green"),
+        ("PCIe", t.pcie_seconds_per_step, t.pcie_bytes_per_step, "cyan"),
+        ("CPU-Adam", t.cpu_adam_seconds_per_step, None, "yellow"),
+        ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
+    )
+    for name, seconds, moved, color in parts:
+        filled = min(cells, round(seconds / t.step_seconds * cells)) if t.step_seconds else 0
+        bar = Text("█" * filled, style=color)
+        bar.append("░" * (cells - filled), style="dim")
+        table.add_row(name, f"{seconds:.3g}", bar, fmt_bytes(moved) if moved is not None else "")
+    table.add_row(
+        Text("step", style="bold"),
+        Text(f"{t.step_seconds:.3g}", style="bold"),
+        Text(f"{t.tokens_per_s:,.0f} tokens/s, {t.offload_overhead_fraction:.0%} lost to offload"),
+        "",
+        end_section=True,
+    )
+    return table
+
+
+def plan_rich(plan: Plan, ds_config: dict | None, *, show_config: bool = True, bar_cells: int = BAR_CELLS) -> Group:
+    """The plan for a terminal: plan_text's content with bars and colour. A rich renderable (a Group)."""
+    from rich.console import Group
+    from rich.json import JSON
+    from rich.padding import Padding
+    from rich.text import Text
+
+    def section(title: str, style: str = "bold") -> Text:
+        return Text(title, style=style)
+
+    parts: list = [Text("\n".join(header_lines(plan))), Text("")]
+    parts.append(section("Candidates (bytes needed against what is usable)"))
+    parts.append(candidates_table(plan, bar_cells))
+    legend = f"{CHOSEN_MARK} chosen   {FITS_MARK} fits   {NO_FIT_MARK} does not fit"
+    if not plan.host.has_gpu:
+        legend += "\n* CPU accelerator: the per-rank device memory is CPU RAM and is included in CPU/node"
+    parts.append(Text(legend, style="dim"))
+    parts.append(Text(""))
+    if plan.chosen:
+        choice = section("Choice    ")
+        choice.append(plan.chosen.strategy.label, style="bold green")
+        parts.append(choice)
+        parts.append(Text("\n".join(memory_lines(plan))))
+        parts.append(Text("  predicted step (overlapped copies cost max(compute, copy), the rest adds):"))
+        parts.append(Padding(step_table(plan), (0, 0, 0, 4), expand=False))
+        parts.append(Text("\n".join(time_lines(plan)[-1:]), style="dim"))  # the rates and their sources
+    else:
+        parts.append(section("Choice    nothing fits this host", "bold red"))
+    parts.append(section("Why"))
+    parts.append(Text("\n".join(f"  - {r}" for r in plan.reasons)))
+    advice = advice_lines(plan)
+    if advice:
+        parts.append(section(advice[0]))
+        parts.append(Text("\n".join(advice[1:]), style="cyan"))
+    if plan.warnings:
+        parts.append(section("Warnings", "bold yellow"))
+        parts.append(Text("\n".join(f"  ! {w}" for w in plan.warnings), style="yellow"))
+    if ds_config is not None and show_config:
+        parts.append(Text(""))
+        parts.append(section("ds_config"))
+        parts.append(JSON(json.dumps(ds_config), indent=2))
+    return Group(*parts)
+
+
+def print_plan(plan: Plan, ds_config: dict | None, *, show_config: bool = True, console: Console | None = None) -> None:
+    """Print plan_rich on `console` (default: stdout), the bars as wide as the console leaves room for."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = console or Console()
+    unbounded = console.options.update(max_width=10 * console.width)  # the table's natural width
+
+    def natural_width(cells: int) -> int:
+        return Measurement.get(console, unbounded, candidates_table(plan, cells)).maximum
+
+    bar_cells = BAR_CELLS
+    while bar_cells > 0 and natural_width(bar_cells) > console.width:
+        bar_cells -= 1
+    console.print(plan_rich(plan, ds_config, show_config=show_config, bar_cells=bar_cells))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from launcher.files import write_json_atomic
 from launcher.rundir import SWAP_OWNER_FILE
+from launcher.sampling import BlockOrder
 from launcher.units import fmt_bytes
 
 COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
@@ -52,6 +53,8 @@ class RunSpec:
     trust_remote_code: bool = False
     activation_checkpointing: bool = True
     nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
+    smoke: bool = False  # run the smoke checks (launcher/smoke.py) instead of a training run
+    smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts
     predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones
 
     @classmethod
@@ -243,8 +246,6 @@ class Trainer:
         return int(client_state.get("step", step))
 
     def fit(self) -> dict:
-        from launcher.sampling import BlockOrder
-
         spec, torch = self.spec, self.torch
         start = time.perf_counter()
         first_step = self.resume_step() + 1
@@ -413,6 +414,173 @@ class Trainer:
             "skipped_checkpoints": list(self.skipped_saves),
         }
 
+    # --------------------------------------------------------------------------------- smoke
+
+    def smoke(self) -> list[dict]:
+        """The in-training smoke checks (launcher/smoke.py): engine, loss, memory, checkpoint, nvme_cleanup.
+        Every step trains on the same first batch: a model that cannot lower the loss on a batch it sees
+        again is broken, whatever the learning-rate schedule."""
+        from launcher.smoke import Check
+
+        spec, torch = self.spec, self.torch
+        checks = [self._engine_check()]
+        order = BlockOrder(len(self.blocks), self.world, self.rank, spec.seed)
+        ids = torch.from_numpy(self.blocks[order.batch(0, self.micro_batch)]).to(self.engine.device)
+        t0 = time.perf_counter()
+        losses: list[float] = []
+        self.engine.train()
+        for _step in range(spec.steps):
+            losses.append(self._train_step(ids))
+            self.log(f"smoke step {len(losses)}/{spec.steps} loss {losses[-1]:.4f}")
+            if not math.isfinite(losses[-1]):
+                break
+        seconds = time.perf_counter() - t0
+        finite = all(math.isfinite(x) for x in losses)
+        learned = finite and len(losses) > 1 and losses[-1] < losses[0]
+        if not finite:
+            message = f"loss is {losses[-1]} at step {len(losses)}; lower --lr, or check the data and precision"
+        elif not learned:
+            message = f"loss did not fall on a batch seen {len(losses)} times ({losses[0]:.4f} -> {losses[-1]:.4f})"
+        else:
+            message = f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps on one batch, all finite"
+        checks.append(Check("loss", learned, message, seconds, {"losses": losses}))
+        checks.append(self._memory_check())
+        if finite:
+            checks.append(self._checkpoint_check(ids))
+        else:
+            checks.append(Check("checkpoint", None, "not run: the weights are no longer finite"))
+        checks.append(self._nvme_cleanup_check())
+        return [asdict(c) for c in checks]
+
+    def _train_step(self, ids) -> float:
+        loss_sum = self.torch.zeros((), dtype=self.torch.float32, device=self.engine.device)
+        for _micro in range(self.grad_accum):
+            loss = self.engine(input_ids=ids, labels=ids).loss
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += loss.detach().float()
+        self.dist.all_reduce(loss_sum)
+        return loss_sum.item() / (self.grad_accum * self.world)
+
+    def _engine_check(self):
+        """What DeepSpeed actually built, read from its optimizer objects, against the ds_config."""
+        from launcher.smoke import Check
+
+        zero = self.zero
+        planned = (
+            zero.get("stage", 0),
+            zero.get("offload_optimizer", {}).get("device", "none"),
+            zero.get("offload_param", {}).get("device", "none"),
+        )
+        opt = self.engine.optimizer
+        stage = self.engine.zero_optimization_stage()
+        if stage == 3:
+            optimizer_at = ("nvme" if opt.swap_optimizer else "cpu") if opt.offload_optimizer else "none"
+            param_at = ("nvme" if opt.params_in_nvme_and_cpu else "cpu") if opt.offload_param else "none"
+        else:
+            optimizer_at = "cpu" if getattr(opt, "cpu_offload", False) else "none"
+            param_at = "none"
+        built = (stage, optimizer_at, param_at)
+        problems = []
+        if built != planned:
+            problems.append(
+                f"built ZeRO-{stage} with optimizer on {optimizer_at}, parameters on {param_at}; the plan "
+                f"asked for ZeRO-{planned[0]} with optimizer on {planned[1]}, parameters on {planned[2]}"
+            )
+        if optimizer_at != "none" and self.optimizer_class != "DeepSpeedCPUAdam":
+            problems.append(
+                f"the offloaded optimizer is {self.optimizer_class}, not DeepSpeedCPUAdam (the Adam step on the "
+                "CPU would be several times slower); remove torch_adam / zero_force_ds_cpu_optimizer: false"
+            )
+        message = "; ".join(problems) or (
+            f"ZeRO-{stage}, optimizer on {optimizer_at}, parameters on {param_at}, {self.optimizer_class}"
+        )
+        details = {"built": list(built), "planned": list(planned), "optimizer": self.optimizer_class}
+        return Check("engine", not problems, message, 0.0, details)
+
+    def _memory_check(self):
+        """Peak memory per tier against the plan's prediction: CPU RAM always (peak RSS of this node's ranks,
+        summed), GPU memory when there is a GPU (what the caching allocator reserved)."""
+        from launcher.smoke import Check
+
+        torch = self.torch
+        peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
+        self.dist.all_reduce(peak)
+        nodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+        measured = {"cpu_bytes_per_node": int(peak.item()) // nodes}
+        if torch.cuda.is_available():
+            measured["gpu_bytes_per_device"] = torch.cuda.max_memory_reserved()
+        predicted = self.spec.predicted
+        ratios = {k: v / predicted[k] for k, v in measured.items() if predicted.get(k)}
+        limit = self.spec.smoke_memory_tolerance
+        over = {k: r for k, r in ratios.items() if r > limit}
+        parts = [
+            f"{k.split('_')[0].upper()} {fmt_bytes(measured[k])} / predicted {fmt_bytes(predicted[k])} = {r:.2f}"
+            for k, r in ratios.items()
+        ]
+        message = ", ".join(parts) + (f"; above the {limit:g} tolerance" if over else f" (tolerance {limit:g})")
+        return Check("memory", not over, message, 0.0, {"measured": measured, "predicted": predicted, "ratios": ratios})
+
+    def _weights(self) -> dict:
+        """The full 16-bit weights, on every rank (ZeRO-3 gathers its partitions)."""
+        import deepspeed
+
+        params = dict(self.engine.module.named_parameters())
+        with deepspeed.zero.GatheredParameters(list(params.values()), enabled=self.zero.get("stage") == 3):
+            return {name: p.detach().clone().cpu() for name, p in params.items()}
+
+    def _checkpoint_check(self, ids):
+        """Save, train one more step (the weights move), load: the weights must be the saved ones exactly."""
+        from launcher.smoke import Check
+
+        t0 = time.perf_counter()
+        folder = self.spec.out / "smoke-checkpoint"
+        try:
+            self.engine.save_checkpoint(str(folder), tag="smoke", client_state={"step": self.spec.steps})
+            self.dist.barrier()
+            saved = self._weights()
+            self._train_step(ids)
+            moved = self._weights()
+            load_path, _ = self.engine.load_checkpoint(str(folder), tag="smoke")
+            restored = self._weights()
+        except Exception as exc:  # noqa: BLE001 - any failure to save or load is what this check reports
+            return Check(
+                "checkpoint",
+                False,
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                time.perf_counter() - t0,
+            )
+        changed = sum(not self.torch.equal(saved[k], moved[k]) for k in saved)
+        differ = [k for k in saved if not self.torch.equal(saved[k], restored[k])]
+        size = _folder_bytes(str(folder))
+        if self.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        if load_path is None or differ:
+            what = "could not be loaded" if load_path is None else f"{len(differ)} tensors differ, e.g. {differ[0]}"
+            return Check(
+                "checkpoint", False, f"checkpoint saved ({fmt_bytes(size)}) but {what}", time.perf_counter() - t0
+            )
+        return Check(
+            "checkpoint",
+            True,
+            f"saved {fmt_bytes(size)}, trained one more step ({changed}/{len(saved)} tensors moved), "
+            f"loaded back: all {len(saved)} tensors identical",
+            time.perf_counter() - t0,
+        )
+
+    def _nvme_cleanup_check(self):
+        from launcher.smoke import Check
+
+        if not self.spec.nvme_swap_dir:
+            return Check("nvme_cleanup", True, "no NVMe offload in this plan: nothing to clean")
+        used = _folder_bytes(self.spec.nvme_swap_dir)
+        self.remove_swap_files()
+        self.dist.barrier()
+        left = Path(self.spec.nvme_swap_dir)
+        if left.exists():
+            return Check("nvme_cleanup", False, f"{left} is still there ({fmt_bytes(_folder_bytes(str(left)))})")
+        return Check("nvme_cleanup", True, f"swap files ({fmt_bytes(used)} at the end) removed with {left}")
+
     def remove_swap_files(self) -> None:
         """A finished run leaves no NVMe swap files behind (a killed one reuses them on resume)."""
         if self.spec.nvme_swap_dir:
@@ -489,6 +657,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec.load(args.run_spec)
     trainer = Trainer(spec)
     try:
+        if spec.smoke:
+            from launcher.smoke import RESULT_FILE
+
+            checks = trainer.smoke()
+            if trainer.rank == 0:
+                write_json_atomic(spec.out / RESULT_FILE, {"checks": checks})
+            return 0
         summary = trainer.fit()
         if trainer.rank == 0:
             write_json_atomic(spec.out / "run.json", summary)
