@@ -87,6 +87,15 @@ def plan_options(func):
         ),
         click.option("--trust-remote-code", is_flag=True, help="Allow model code shipped with the checkpoint."),
         click.option(
+            "--ds-config",
+            "ds_config_base",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help='Your ds_config as the base: your values win, "auto" values are filled from the plan, and the '
+            "merged result is linted and validated like a generated one. Its ZeRO stage, offload devices, "
+            "micro-batch and accumulation pin the plan.",
+        ),
+        click.option(
             "--host-spec",
             type=click.Path(dir_okay=False),
             metavar="FILE",
@@ -229,6 +238,14 @@ def build_plan(opts: dict):
     from launcher.model import inspect_model
     from launcher.plan import Workload, make_plan
 
+    if opts.get("user_config"):
+        from launcher import lint
+
+        ctx = click.get_current_context(silent=True)
+        for name, value in lint.pins_from_config(opts["user_config"]).items():
+            typed = ctx is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+            if not typed:
+                opts = opts | {name: value}
     workload = Workload(
         seq_len=opts["seq_len"],
         micro_batch=opts["micro_batch"],
@@ -278,10 +295,20 @@ def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = T
     if as_json:
         click.echo(json.dumps(report.plan_json(plan, ds_config), indent=2))
     else:
-        click.echo(report.plan_text(plan, ds_config, show_config=show_config))
+        from rich.console import Console
+
+        console = Console()  # made here so it writes to this command's stdout (tests capture it)
+        if console.is_terminal:  # a person: bars per memory tier and the step-time split
+            report.print_plan(plan, ds_config, show_config=show_config, console=console)
+        else:  # piped: plain text
+            click.echo(report.plan_text(plan, ds_config, show_config=show_config))
     if plan.chosen is None:
+        closest = ""
+        if plan.candidates:
+            best = min(plan.candidates, key=lambda c: len(c.problems))
+            closest = f"; closest: {best.strategy.label} ({'; '.join(best.problems)})"
         raise DoesNotFit(
-            f"{plan.model.name} does not fit this host with any allowed strategy; see the candidates table"
+            f"{plan.model.name} does not fit this host with any allowed strategy{closest}; see the candidates table"
         )
 
 
@@ -384,6 +411,7 @@ def run(
     from launcher import dsconfig
 
     apply_recipe(click.get_current_context(), opts)
+    opts["user_config"] = read_ds_config(opts["ds_config_base"]) if opts["ds_config_base"] else None
     smoke_only = [name for name, value in (("--smoke-layers", smoke_layers), ("--junit-xml", junit_xml)) if value]
     if smoke_only and not smoke:
         raise UserInputError(f"{smoke_only[0]} only applies to a smoke test: add --smoke")
@@ -407,8 +435,9 @@ def run(
 
     if opts["data"] is None:
         plan = build_plan(opts)
-        ds_config = dsconfig.render(plan) if plan.chosen else None
-        if ds_config is not None:
+        ds_config = None
+        if plan.chosen:
+            ds_config = final_config(plan, dsconfig.render(plan), opts)
             dsconfig.validate(ds_config, plan.world_size, cache_dir=tool_cache_dir())
         show_plan(plan, ds_config, as_json)
         if config_out:
@@ -441,6 +470,7 @@ def _job_options(opts: dict, output_dir: str, launcher_args: tuple[str, ...]):
         master_port=opts["master_port"],
         bind_cores=opts["bind_cores"],
         launcher_args=launcher_args,
+        user_config=opts.get("user_config"),
     )
 
 
@@ -455,6 +485,10 @@ def train(opts: dict, *, dry_run: bool, as_json: bool, config_out: str | None, l
     if plan.chosen is None:
         show_plan(plan, None, as_json)
     rundir.check_owner(out, jobs.model_identity(plan), str(Path(opts["data"]).resolve()), opts["force"])
+    if opts.get("ds_config_base"):  # refuse a broken user config before the data is tokenized
+        from launcher import dsconfig
+
+        final_config(plan, dsconfig.render(plan), opts)
     if opts["bind_cores"] and shutil.which("numactl") is None:
         raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
     host_checks(plan, out, fatal=not dry_run)
@@ -631,6 +665,128 @@ def _finish_smoke(report, as_json: bool, junit_xml: str | None):
         smoke.write_junit(report, Path(junit_xml))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else smoke.text(report))
     return report
+
+
+def read_ds_config(path: str) -> dict:
+    """A user's ds_config file (JSON), or a one-line error naming the file and the line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UserInputError(f"--ds-config {path}: {exc.strerror}; pass an existing ds_config JSON file") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg}); fix that line") from None
+    if not isinstance(config, dict):
+        raise UserInputError(f"{path}: a ds_config is a JSON object, got a {type(config).__name__}")
+    return config
+
+
+def final_config(plan, generated: dict, opts: dict) -> dict:
+    """The generated ds_config, or the user's (--ds-config) with its "auto" values filled from it, linted
+    against this plan (warnings printed, the first error refused)."""
+    if not opts.get("user_config"):
+        return generated
+    from launcher import lint
+
+    merged, warnings = lint.apply_user_config(opts["user_config"], generated, plan)
+    for finding in warnings:
+        click.echo(f"{opts['ds_config_base']}: {finding}", err=True)
+    return merged
+
+
+CHECK_EPILOG = """\b
+Examples:
+  offload-launch check ds_config.json --model meta-llama/Llama-2-7b                # for this machine
+  offload-launch check ds_config.json --model meta-llama/Llama-2-70b-hf --host-spec 1x-a100-80g --nvme-path /nvme
+  offload-launch check ds_config.json --model ./my-model --num-gpus 8 --json
+"""
+
+
+@cli.command("check", epilog=CHECK_EPILOG)
+@click.argument("config_file", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--model", "model_spec", required=True, metavar="ID|DIR", help="The model the config is for.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code shipped with the checkpoint.")
+@click.option("--host-spec", metavar="NAME|FILE", help="Check against a described host instead of this machine.")
+@click.option("--nvme-path", metavar="DIR", help="The NVMe folder the config's offload would use (for its free space).")
+@click.option("--num-gpus", type=int, help="Ranks per node (default: every GPU; 1 on a CPU-only host).")
+@click.option("--hostfile", type=click.Path(dir_okay=False), metavar="FILE", help="DeepSpeed hostfile (node count).")
+@click.option("--seq-len", type=int, help="Tokens per sequence, for activation memory [default: model max, <= 2048].")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
+@user_errors
+def check_command(config_file: str, as_json: bool, **opts) -> None:
+    """Lint an existing ds_config for a model and host: unknown keys (with the nearest valid one), type
+    errors with their JSON path, float sizes DeepSpeed needs as integers, renamed aio keys, swap buffers
+    smaller than the largest parameter, batch arithmetic, and offload that will not fit this host's RAM or
+    disk. Exit 0 when there is no error (warnings allowed), 2 otherwise."""
+    from launcher import lint, recipes
+
+    config = read_ds_config(config_file)
+    if opts["host_spec"]:
+        opts["host_spec"] = recipes.host_spec_path(opts["host_spec"])
+    plan_opts = (
+        {
+            "micro_batch": 1,
+            "grad_accum": 1,
+            "precision": "auto",
+            "activation_checkpointing": True,
+            "zero_stage": "auto",
+            "offload_optimizer": "auto",
+            "offload_param": "auto",
+            "lr": 2e-5,
+            "warmup_steps": 10,
+            "steps": 100,
+            "allow_long_seq": False,
+            "ds_config_base": None,
+        }
+        | opts
+        | {k: v for k, v in lint.pins_from_config(config).items() if k in ("micro_batch", "grad_accum")}
+    )
+    plan = build_plan(plan_opts)
+    findings = lint.lint(config, plan, plan.world_size)
+    errors = sum(f.level == "error" for f in findings)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "file": config_file,
+                    "world_size": plan.world_size,
+                    "errors": errors,
+                    "findings": [f.to_json() for f in findings],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for finding in findings:
+            click.echo(str(finding))
+        warnings = len(findings) - errors
+        click.echo(
+            f"{config_file}: {errors} error(s), {warnings} warning(s) for {plan.model.name} at world size "
+            f"{plan.world_size} on {plan.host.source} host"
+        )
+    if errors:
+        raise ToolError(f"{config_file} has {errors} error(s); see above", 2)
+
+
+REPORT_EPILOG = """\b
+Examples:
+  offload-launch report runs/demo                  # writes runs/demo/report.png
+  offload-launch report runs/demo --out demo.svg
+"""
+
+
+@cli.command("report", epilog=REPORT_EPILOG)
+@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False))
+@click.option("--out", metavar="PNG", help="Image to write (.png, .svg or .pdf) [default: RUN/report.png].")
+@user_errors
+def report_command(run_dir: str, out: str | None) -> None:
+    """Render a run folder as an image: loss and step time over the steps, the plan's predicted step time,
+    and measured / predicted memory and speed."""
+    from launcher import plot
+
+    path = plot.render_run(Path(run_dir), Path(out) if out else Path(run_dir) / "report.png")
+    click.echo(f"wrote {path}")
 
 
 def host_checks(plan, out: Path, *, fatal: bool) -> None:

@@ -38,6 +38,7 @@ class JobOptions:
     master_port: int | None = None
     bind_cores: bool = False
     launcher_args: tuple[str, ...] = ()
+    user_config: dict | None = None  # --ds-config: the user's ds_config, merged over the generated one
 
     def __post_init__(self) -> None:
         if self.save_every < 0:
@@ -114,6 +115,10 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
         plan = replace(plan, workload=replace(plan.workload, steps=steps_for_epochs(opts.epochs, n_blocks, plan)))
 
     ds_config = dsconfig.render(plan, nvme_path=swap)
+    if opts.user_config is not None:
+        from launcher import lint
+
+        ds_config, _warnings = lint.apply_user_config(opts.user_config, ds_config, plan)  # cli.train printed them
     dsconfig.validate(ds_config, plan.world_size, cache_dir=cache_dir)
 
     memory = plan.chosen.memory

@@ -669,3 +669,50 @@ def merge_user_config(user: dict, generated: dict) -> dict:
         if key not in merged and value is not None:
             merged[key] = value
     return merged
+
+
+def pins_from_config(config: dict) -> dict:
+    """The plan choices a user's ds_config makes, as `run` option values (zero_stage, offload_optimizer,
+    offload_param, micro_batch, grad_accum, precision, nvme_path): what --ds-config pins so the plan sizes
+    the configuration that will really run. "auto" and absent values pin nothing."""
+    pins: dict = {}
+    zero = _dict(config.get("zero_optimization"))
+    stage = _int(zero.get("stage"))
+    if stage in (1, 2, 3):
+        pins["zero_stage"] = str(stage)
+    for section, option in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
+        device = _dict(zero.get(section)).get("device")
+        if device in ("none", "cpu", "nvme"):
+            pins[option] = device
+        path = _dict(zero.get(section)).get("nvme_path")
+        if device == "nvme" and isinstance(path, str) and path:
+            pins["nvme_path"] = path
+    for key, option in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+    ):
+        value = _int(config.get(key))
+        if value and value > 0:
+            pins[option] = value
+    for precision in ("bf16", "fp16"):
+        if _dict(config.get(precision)).get("enabled") is True:
+            pins["precision"] = precision
+    return pins
+
+
+def apply_user_config(user: dict, generated: dict, plan: Plan) -> tuple[dict, list[Finding]]:
+    """--ds-config: the user's config merged over the generated one (see merge_user_config; an absent
+    optimizer or scheduler section is taken from the plan, as the HF Trainer creates its own), linted against
+    this plan. Returns (merged, warnings); the first error is a UserInputError (DeepSpeed's own parse is
+    left to dsconfig.validate, which every config goes through)."""
+    merged = merge_user_config(user, generated)
+    for section in ("optimizer", "scheduler"):  # the training loop needs both; the plan's AdamW is CPU-Adam-ready
+        if section not in merged and section in generated:
+            merged[section] = copy.deepcopy(generated[section])
+    findings = lint(merged, plan, plan.world_size, deepspeed=False)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more: run offload-launch check on it)" if len(errors) > 1 else ""
+        where = f"{errors[0].path}: " if errors[0].path else ""
+        raise UserInputError(f"--ds-config: {where}{errors[0].message}{more}")
+    return merged, findings
