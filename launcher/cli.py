@@ -59,6 +59,15 @@ class DefaultGroup(click.Group):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str):
+        """Completing the first word: subcommands, and the options of `run` (which it stands for)."""
+        results = super().shell_complete(ctx, incomplete)
+        if incomplete.startswith("-"):
+            run_command = self.commands[self.default_command]
+            sub = run_command.make_context(self.default_command, [], parent=ctx, resilient_parsing=True)
+            results += run_command.shell_complete(sub, incomplete)
+        return results
+
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=RUN_EPILOG)
 @click.version_option(__version__, prog_name="offload-launch")

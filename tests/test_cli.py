@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 from conftest import host_path
@@ -176,3 +177,39 @@ def test_console_script_runs_offline(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["strategy"]["zero_stage"] in (1, 2)
+
+
+def _commands():
+    from launcher.cli import cli as group
+
+    return sorted(group.commands.items())
+
+
+@pytest.mark.parametrize(("name", "command"), _commands(), ids=[n for n, _ in _commands()])
+def test_every_command_teaches(name, command):
+    """Every option has help text; every command's help has worked examples that name the command."""
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name not in ("help",):
+            assert param.help and len(param.help) > 10, f"{name} {param.opts} has no help text"
+    result = invoke(name, "--help")
+    assert result.exit_code == 0
+    assert "Examples:" in result.output and "offload-launch" in result.output.split("Examples:")[1]
+
+
+def test_version_and_shell_completion(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from launcher import __version__
+
+    assert invoke("--version").output.strip() == f"offload-launch, version {__version__}"
+    script = os.path.join(os.path.dirname(sys.executable), "offload-launch")
+    env = dict(os.environ, _OFFLOAD_LAUNCH_COMPLETE="bash_source")
+    completion = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60)
+    assert completion.returncode == 0 and "_offload_launch_completion" in completion.stdout
+    env = dict(
+        os.environ, _OFFLOAD_LAUNCH_COMPLETE="bash_complete", COMP_WORDS="offload-launch --zero-st", COMP_CWORD="1"
+    )
+    words = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "--zero-stage" in words

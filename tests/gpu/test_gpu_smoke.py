@@ -59,3 +59,23 @@ def test_strategy_on_one_gpu_within_prediction(small_model, tiny_data, tmp_path,
     )
     assert run["final_loss"] < run["first_loss"]
     assert 0 < ratio <= 1.0, "the plan must be an upper bound of what the GPU really used"
+
+
+def test_smoke_mode_on_one_gpu(small_model, tiny_data, tmp_path):
+    """--smoke on the GPU: every check passes, and the memory check compares GPU memory too."""
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    from tests.e2e.conftest import REPO
+
+    xml = tmp_path / "smoke.xml"
+    argv = [sys.executable, "-m", "launcher", "--model", str(small_model), "--data", str(tiny_data)]
+    argv += ["--output-dir", str(tmp_path / "out"), "--smoke", "--json", "--junit-xml", str(xml), "--seq-len", "64"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    memory = next(c for c in report["checks"] if c["name"] == "memory")
+    print(f"smoke on GPU: {report['strategy']}; {memory['message']}")
+    assert "gpu_bytes_per_device" in memory["details"]["ratios"]
+    assert ET.parse(xml).getroot().find("testsuite").get("failures") == "0"
