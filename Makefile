@@ -31,10 +31,9 @@ demo: $(STAMP)
 	@echo "== 2/3  Llama-2-7B planned for a described 24 GB workstation (recipes/hosts/1x-rtx4090-24g.yaml)"
 	$(BIN)/offload-launch --model meta-llama/Llama-2-7b --dry-run --host-spec recipes/hosts/1x-rtx4090-24g.yaml
 	@echo
-	@echo "== 3/3  Training the bundled tiny Llama for real: ZeRO-3 + optimizer and parameters on CPU + DeepSpeedCPUAdam"
-	$(BIN)/offload-launch --model launcher/demo/tiny-llama --data launcher/demo/data/train.jsonl \
-		--output-dir runs/demo --no-resume --zero-stage 3 --offload-optimizer cpu --offload-param cpu \
-		--seq-len 128 --micro-batch 4 --steps 40 --lr 3e-3 --warmup-steps 4 --save-every 20
+	@echo "== 3/3  Training the bundled tiny Llama for real (recipes/tiny-demo.yaml): ZeRO-3 + optimizer and parameters on CPU + DeepSpeedCPUAdam"
+	$(BIN)/offload-launch --recipe tiny-demo --no-resume
+	$(BIN)/offload-launch report runs/demo
 
 test: $(STAMP)
 	$(BIN)/pytest -q

@@ -614,6 +614,8 @@ def smoke_test(
     host_checks(plan, out, fatal=True)
     rundir.start_over(out)
     (out / smoke.RESULT_FILE).unlink(missing_ok=True)
+    for leftover in (out / "smoke-checkpoint").glob("*"):  # a previous smoke run's (the folder may be a mount)
+        shutil.rmtree(leftover, ignore_errors=True)
     ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}  # constant lr: see DEFAULT_LR
     spec = replace(job.spec, smoke=True, smoke_memory_tolerance=tolerance, resume=False)
     job = replace(job, ds_config=ds_config, spec=spec)

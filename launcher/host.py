@@ -200,15 +200,21 @@ def _is_nvme_backed(path: Path) -> bool | None:
 
 
 @functools.cache
-def aio_usable() -> bool:
-    """Whether DeepSpeed's async_io op (libaio) can be built here: what NVMe offload needs. Asked in a
-    child process: DeepSpeed's check redirects the stderr file descriptor and prints to stdout."""
-    check = "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(not B().is_compatible())"
+def op_usable(builder: str) -> bool:
+    """Whether DeepSpeed's op `builder` (AsyncIOBuilder, CPUAdamBuilder, ...) reports itself compatible with
+    this machine. Asked in a child process: DeepSpeed's check redirects the stderr file descriptor and prints
+    to stdout."""
+    code = f"from deepspeed.ops.op_builder import {builder} as B; import sys; sys.exit(not B().is_compatible())"
     try:
-        result = subprocess.run([sys.executable, "-c", check], capture_output=True, timeout=120)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return result.returncode == 0
+
+
+def aio_usable() -> bool:
+    """Whether DeepSpeed's async_io op (libaio) can be built here: what NVMe offload needs."""
+    return op_usable("AsyncIOBuilder")
 
 
 def check_nvme_folder(path: str, what: str = "--nvme-path") -> Path:

@@ -7,16 +7,14 @@ Only a live host is checked: a described host is, by definition, some other mach
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from launcher.host import aio_usable, op_usable
 from launcher.plan import Plan
 from launcher.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
 from launcher.units import fmt_bytes
@@ -89,7 +87,7 @@ def check(plan: Plan, own_swap_dir: str | None = None) -> list[Problem]:
                 )
             )
 
-    if "nvme" in (strategy.offload_optimizer, strategy.offload_param) and not op_usable("AsyncIOBuilder"):
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_param) and not aio_usable():
         problems.append(
             Problem(
                 "async_io",
@@ -143,19 +141,6 @@ def _free_bytes(path: str) -> int | None:
         return shutil.disk_usage(path).free
     except OSError:
         return None
-
-
-@functools.cache
-def op_usable(builder: str) -> bool:
-    """Whether DeepSpeed's op `builder` (e.g. AsyncIOBuilder, CPUAdamBuilder) reports itself compatible with
-    this machine. Asked in a child process: DeepSpeed's check redirects the stderr file descriptor and prints
-    to stdout."""
-    code = f"from deepspeed.ops.op_builder import {builder} as B; import sys; sys.exit(not B().is_compatible())"
-    try:
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
 
 
 def cpu_adam_buildable() -> bool:

@@ -129,7 +129,8 @@ def tokenizer_source(model_spec: str, tokenizer: str | None) -> str:
 
 
 def text(report: SmokeReport) -> str:
-    lines = [f"smoke test of {report.model}" + (f" ({report.layers} layers kept)" if report.layers else "")]
+    kept = f" ({report.layers} layer{'s' if report.layers > 1 else ''} kept)" if report.layers else ""
+    lines = [f"smoke test of {report.model}{kept}"]
     if report.strategy:
         lines.append(f"strategy: {report.strategy}")
     width = max(len(c.name) for c in report.checks) if report.checks else 8

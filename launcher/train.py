@@ -239,7 +239,7 @@ class Trainer:
         if not checkpoints:
             return 0
         step, tag = checkpoints[-1]
-        load_path, client_state = self.engine.load_checkpoint(str(self.spec.checkpoint_dir), tag=tag)
+        load_path, client_state = self.load_checkpoint(self.spec.checkpoint_dir, tag)
         if load_path is None:
             raise SystemExit(f"checkpoint {self.spec.checkpoint_dir / tag} could not be loaded")
         self.log(f"resumed from {tag} (step {step})")
@@ -326,7 +326,7 @@ class Trainer:
             self.skipped_saves.append(step)
             return
         try:
-            self.engine.save_checkpoint(str(self.spec.checkpoint_dir), tag=tag, client_state={"step": step})
+            self.write_checkpoint(self.spec.checkpoint_dir, tag, step)
         except (OSError, RuntimeError) as exc:
             shutil.rmtree(folder, ignore_errors=True)
             newest = complete_checkpoints(self.spec.checkpoint_dir)
@@ -343,6 +343,38 @@ class Trainer:
             for _old_step, old_tag in complete_checkpoints(self.spec.checkpoint_dir)[: -self.spec.keep_checkpoints]:
                 shutil.rmtree(self.spec.checkpoint_dir / old_tag, ignore_errors=True)
         self.dist.barrier()
+
+    def write_checkpoint(self, folder: Path, tag: str, step: int) -> None:
+        """DeepSpeed's save_checkpoint (with the optimizer on NVMe it also copies the swap files - fp32
+        weights and Adam's moments - into TAG/offloaded_tensors). Collective: every rank calls it."""
+        self.engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step})
+
+    def load_checkpoint(self, folder: Path, tag: str):
+        """DeepSpeed's load_checkpoint, then - with ZeRO-3 and the optimizer on NVMe - the 16-bit weights
+        refreshed from the restored fp32 ones. DeepSpeed 0.19 copies the swap files back only after it
+        rebuilt the 16-bit partitions, and skips that rebuild for swapped-out groups, so the weights the next
+        forward pass uses would be the ones from before the load (the smoke checkpoint check caught it)."""
+        load_path, client_state = self.engine.load_checkpoint(str(folder), tag=tag)
+        if load_path is not None and self._optimizer_swapped():
+            import deepspeed
+            from deepspeed.utils import safe_get_full_fp32_param
+
+            for param in self.engine.module.parameters():
+                full = safe_get_full_fp32_param(param)  # collective: every rank, same order
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if self.rank == 0:
+                        param.data.copy_(full.reshape(param.shape).to(param.dtype))
+            self.log(f"refreshed the 16-bit weights of {tag} from its fp32 weights (optimizer on NVMe)")
+        scheduler = self.engine.lr_scheduler
+        if load_path is not None and scheduler is not None and hasattr(scheduler, "get_lr"):
+            # The restored schedule's rate for the next step; with the optimizer on NVMe DeepSpeed leaves the
+            # optimizer's own learning rate at 0 until the scheduler steps again (one update lost otherwise).
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr(), strict=False):
+                group["lr"] = lr
+        return load_path, client_state
+
+    def _optimizer_swapped(self) -> bool:
+        return self.zero.get("stage") == 3 and self.zero.get("offload_optimizer", {}).get("device") == "nvme"
 
     def checkpoint_bytes(self) -> int:
         """What the next checkpoint will take on disk: the newest complete one's size when there is one
@@ -428,22 +460,32 @@ class Trainer:
         ids = torch.from_numpy(self.blocks[order.batch(0, self.micro_batch)]).to(self.engine.device)
         t0 = time.perf_counter()
         losses: list[float] = []
+        skipped_before = int(self.engine.skipped_steps)
         self.engine.train()
-        for _step in range(spec.steps):
+        for step in range(1, spec.steps + 1):
+            kill_point("step", step, self.rank)
             losses.append(self._train_step(ids))
             self.log(f"smoke step {len(losses)}/{spec.steps} loss {losses[-1]:.4f}")
             if not math.isfinite(losses[-1]):
                 break
         seconds = time.perf_counter() - t0
+        # DeepSpeed skips an optimizer step whose gradients are not finite and says so only in its log: the
+        # loss then looks finite while the model stopped learning.
+        skipped = int(self.engine.skipped_steps) - skipped_before
         finite = all(math.isfinite(x) for x in losses)
-        learned = finite and len(losses) > 1 and losses[-1] < losses[0]
+        learned = finite and not skipped and len(losses) > 1 and losses[-1] < losses[0]
         if not finite:
             message = f"loss is {losses[-1]} at step {len(losses)}; lower --lr, or check the data and precision"
+        elif skipped:
+            message = (
+                f"DeepSpeed skipped {skipped} of {len(losses)} optimizer steps: the gradients were not finite "
+                "(overflow); lower --lr, or check the data and precision"
+            )
         elif not learned:
             message = f"loss did not fall on a batch seen {len(losses)} times ({losses[0]:.4f} -> {losses[-1]:.4f})"
         else:
             message = f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps on one batch, all finite"
-        checks.append(Check("loss", learned, message, seconds, {"losses": losses}))
+        checks.append(Check("loss", learned, message, seconds, {"losses": losses, "skipped_steps": skipped}))
         checks.append(self._memory_check())
         if finite:
             checks.append(self._checkpoint_check(ids))
@@ -536,12 +578,12 @@ class Trainer:
         t0 = time.perf_counter()
         folder = self.spec.out / "smoke-checkpoint"
         try:
-            self.engine.save_checkpoint(str(folder), tag="smoke", client_state={"step": self.spec.steps})
+            self.write_checkpoint(folder, "smoke", self.spec.steps)
             self.dist.barrier()
             saved = self._weights()
             self._train_step(ids)
             moved = self._weights()
-            load_path, _ = self.engine.load_checkpoint(str(folder), tag="smoke")
+            load_path, _ = self.load_checkpoint(folder, "smoke")
             restored = self._weights()
         except Exception as exc:  # noqa: BLE001 - any failure to save or load is what this check reports
             return Check(

@@ -102,7 +102,7 @@ def test_unusable_async_io_names_the_package(tiny_llama_dir, tmp_path, monkeypat
         probe_host(str(nvme)),
         Workload(zero_stage="3", offload_param="nvme", nvme_path=str(nvme), seq_len=64),
     )
-    monkeypatch.setattr(preflight, "op_usable", lambda builder: builder != "AsyncIOBuilder")  # no libaio
+    monkeypatch.setattr(preflight, "aio_usable", lambda: False)  # as on a machine without libaio
     aio = next(p for p in preflight.check(plan) if p.check == "async_io")
     assert "apt-get install libaio-dev" in aio.message and "libaio-devel" in aio.message
 
