@@ -40,4 +40,5 @@ def unknown_key_message(key: str, choices: Iterable[str], where: str) -> str:
     choices = sorted(choices)
     hint = nearest(key, choices)
     tail = f"did you mean '{hint}'?" if hint else f"valid keys: {', '.join(choices)}"
-    return f"unknown key '{key}' in {where}; {tail}"
+    shown = f"'{key}'" if key.isprintable() else repr(key)  # a key holding a newline stays on one line
+    return f"unknown key {shown} in {where}; {tail}"

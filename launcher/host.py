@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import resource
@@ -339,6 +340,8 @@ def _number(value: object, what: str, *, integer: bool = True, minimum: float = 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         kind = "an integer" if integer else "a number"
         raise UserInputError(f"{what}: expected {kind}, got {value!r}")
+    if not math.isfinite(value):
+        raise UserInputError(f"{what}: must be a finite number, got {value}")
     if value < minimum:
         raise UserInputError(f"{what}: must be at least {minimum}, got {value}")
     return value
@@ -377,9 +380,14 @@ def load_host_spec(path: str) -> HostProfile:
     file = Path(path)
     if not file.is_file():
         raise UserInputError(f"--host-spec {path} does not exist; pass a YAML or JSON host description")
-    text = file.read_text()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        raise UserInputError(f"{path}: nested too deeply to be a host description; fix the brackets") from None
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}; fix the syntax on that line") from None
     except yaml.YAMLError as exc:
@@ -428,10 +436,10 @@ def load_host_spec(path: str) -> HostProfile:
     pcie = _mapping(spec.get("pcie", {}), at("pcie"))
     _check_keys(pcie, _PCIE_KEYS, "pcie", path, lines, "pcie.")
     generation = pcie.get("generation")
-    if generation is not None and generation not in PCIE_X16_BYTES_PER_S:
+    if generation is not None and (type(generation) is not int or generation not in PCIE_X16_BYTES_PER_S):
         raise UserInputError(f"{at('pcie.generation')}: must be one of 3, 4, 5, 6; got {generation!r}")
     width = pcie.get("width")
-    if width is not None and width not in (1, 2, 4, 8, 16):
+    if width is not None and (type(width) is not int or width not in (1, 2, 4, 8, 16)):
         raise UserInputError(f"{at('pcie.width')}: must be one of 1, 2, 4, 8, 16; got {width!r}")
 
     nvme = None

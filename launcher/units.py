@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from launcher.errors import UserInputError
@@ -60,7 +61,10 @@ def parse_size(value: object, what: str, *, per_second: bool = False) -> int:
         raise UserInputError(f"{what}: unknown unit '{unit}' in {value!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
     if unit == "" and "." in number:
         raise UserInputError(f"{what}: {value!r} has no unit; write e.g. '{number}GB'")
-    return int(round(float(number) * _UNITS[unit.lower()]))
+    size = float(number) * _UNITS[unit.lower()]
+    if not math.isfinite(size):
+        raise UserInputError(f"{what}: {value!r} is too large to be a size")
+    return int(round(size))
 
 
 def fmt_bytes(n: int | float) -> str:

@@ -591,28 +591,12 @@ def host_mappings(draw) -> dict:
     return spec
 
 
-def is_known_bug(exc: BaseException) -> bool:
-    """What this fuzzer found wrong in host.py / units.py / errors.py and reported for a fix there; each has
-    a strict xfail in KNOWN_HOST_SPEC_BUGS below. Delete a line here when its fix lands."""
-    text = str(exc)
-    return (
-        (isinstance(exc, TypeError) and "unhashable" in text)  # pcie: {generation: [4]}
-        or (isinstance(exc, OverflowError) and "infinity" in text)  # cpu_memory: 1e400GB
-        or (isinstance(exc, UserInputError) and text.startswith("unknown key '") and "\n" in text)  # "a\nb": 1
-    )
-
-
 def load_or_refuse(path: Path) -> HostProfile | None:
     """load_host_spec returns a HostProfile or raises UserInputError with one line; anything else is a bug."""
     try:
         host = load_host_spec(str(path))
     except UserInputError as exc:
-        assert str(exc) and ("\n" not in str(exc) or is_known_bug(exc)), str(exc)
-        return None
-    except Exception as exc:
-        if not is_known_bug(exc):
-            raise
-        event(f"known bug: {type(exc).__name__}")
+        assert str(exc) and "\n" not in str(exc), str(exc)
         return None
     event("accepted")
     assert host.cpu_memory_bytes >= 0 and host.nodes >= 1 and host.cpu_cores >= 1 and host.gpus.count >= 0
@@ -657,28 +641,17 @@ def test_host_spec_reader_survives_edits_of_the_shipped_specs(name, edits, tmp_p
     load_or_refuse(path)
 
 
-def known_bug(content: str | bytes, raises: type[BaseException], name: str):
-    reason = "found by the fuzzer above; reported for a fix in host.py / units.py / errors.py"
-    return pytest.param(content, id=name, marks=pytest.mark.xfail(strict=True, raises=raises, reason=reason))
-
-
-DID_NOT_RAISE = pytest.fail.Exception
-KNOWN_HOST_SPEC_BUGS = [
-    # `generation not in PCIE_X16_BYTES_PER_S` hashes the value
-    known_bug("gpus: {count: 0}\ncpu_memory: 64GiB\npcie: {generation: [4]}\n", TypeError, "list-pcie-generation"),
-    # parse_size: int(round(inf))
-    known_bug("gpus: {count: 0}\ncpu_memory: 1e400GB\n", OverflowError, "size-overflows"),
-    known_bug("gpus: {count: 1, memory: 1e308GiB}\ncpu_memory: 64GiB\n", OverflowError, "size-x-unit-overflows"),
-    # Path.read_text() of a file saved as Latin-1
-    known_bug(b"name: caf\xe9\ngpus: {count: 0}\ncpu_memory: 64GiB\n", UnicodeDecodeError, "latin-1-file"),
-    # yaml's recursive composer
-    known_bug("gpus: " + "[" * 1000 + "]" * 1000 + "\ncpu_memory: 64GiB\n", RecursionError, "nested-too-deep"),
-    # _number accepts nan and inf: the planner then ranks nan step times
-    known_bug("gpus: {count: 1, memory: 24GiB, tflops: .nan}\ncpu_memory: 64GiB\n", DID_NOT_RAISE, "nan-tflops"),
-    known_bug("gpus: {count: 0}\ncpu_memory: 64GiB\ncpu_adam_params_per_s: .inf\n", DID_NOT_RAISE, "inf-adam-rate"),
-    # unknown_key_message quotes the key with '{key}', not {key!r}: a key holding a newline breaks the line
-    known_bug('gpus: {count: 0, "a\\nb": 1}\ncpu_memory: 64GiB\n', AssertionError, "newline-in-unknown-key"),
-]
+HOST_SPECS_THE_FUZZER_BROKE = {  # each once raised something other than a one-line UserInputError
+    "list-pcie-generation": "gpus: {count: 0}\ncpu_memory: 64GiB\npcie: {generation: [4]}\n",
+    "size-overflows": "gpus: {count: 0}\ncpu_memory: 1e400GB\n",
+    "size-x-unit-overflows": "gpus: {count: 1, memory: 1e308GiB}\ncpu_memory: 64GiB\n",
+    "latin-1-file": b"name: caf\xe9\ngpus: {count: 0}\ncpu_memory: 64GiB\n",
+    "nested-too-deep": "gpus: " + "[" * 1000 + "]" * 1000 + "\ncpu_memory: 64GiB\n",
+    "nan-tflops": "gpus: {count: 1, memory: 24GiB, tflops: .nan}\ncpu_memory: 64GiB\n",
+    "inf-adam-rate": "gpus: {count: 0}\ncpu_memory: 64GiB\ncpu_adam_params_per_s: .inf\n",
+    "newline-in-unknown-key": 'gpus: {count: 0, "a\\nb": 1}\ncpu_memory: 64GiB\n',
+}
+KNOWN_HOST_SPEC_BUGS = [pytest.param(content, id=name) for name, content in HOST_SPECS_THE_FUZZER_BROKE.items()]
 
 
 @pytest.mark.parametrize("content", KNOWN_HOST_SPEC_BUGS)
