@@ -25,6 +25,9 @@ Examples:
   offload-launch --model meta-llama/Llama-2-7b --data ./ds --output-dir runs/llama7b --steps 1000
   offload-launch --model ./tiny --data ./ds --num-gpus 2 --steps 50
   offload-launch --model M --data ./ds --hostfile hosts.txt --dry-run -- --ssh_port 2222
+  offload-launch --recipe llama2-7b-1x24g --dry-run                  # offload-launch recipes lists them
+  offload-launch --model M --ds-config my_ds_config.json --dry-run    # your config; "auto" filled from the plan
+  offload-launch --model M --data ./ds --smoke --junit-xml smoke.xml  # check the configuration in minutes
 """
 
 
@@ -107,8 +110,9 @@ def plan_options(func):
         click.option(
             "--host-spec",
             type=click.Path(dir_okay=False),
-            metavar="FILE",
-            help="Plan for a described host (YAML/JSON) instead of probing this machine.",
+            metavar="NAME|FILE",
+            help="Plan for a described host instead of probing this machine: a name from recipes/hosts "
+            "(e.g. 1x-a100-80g), a YAML/JSON file, or 'this'.",
         ),
         click.option("--nvme-path", metavar="DIR", help="Folder on a local NVMe drive for ZeRO-Infinity swap files."),
         click.option("--num-gpus", type=int, help="Ranks per node (default: every GPU; 1 on a CPU-only host)."),
@@ -253,8 +257,13 @@ def build_plan(opts: dict):
         ctx = click.get_current_context(silent=True)
         for name, value in lint.pins_from_config(opts["user_config"]).items():
             typed = ctx is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-            if not typed:
-                opts = opts | {name: value}
+            if typed and str(opts[name]) != str(value):
+                flag = "--" + name.replace("_", "-")
+                raise UserInputError(
+                    f"{flag} {opts[name]} contradicts {value!r} in --ds-config {opts['ds_config_base']}; "
+                    "set it in one place"
+                )
+            opts = opts | {name: value}
     workload = Workload(
         seq_len=opts["seq_len"],
         micro_batch=opts["micro_batch"],
@@ -312,13 +321,29 @@ def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = T
         else:  # piped: plain text
             click.echo(report.plan_text(plan, ds_config, show_config=show_config))
     if plan.chosen is None:
-        closest = ""
-        if plan.candidates:
-            best = min(plan.candidates, key=lambda c: len(c.problems))
-            closest = f"; closest: {best.strategy.label} ({'; '.join(best.problems)})"
         raise DoesNotFit(
-            f"{plan.model.name} does not fit this host with any allowed strategy{closest}; see the candidates table"
+            f"{plan.model.name} does not fit this host with any allowed strategy; closest: {closest_shortfall(plan)}; "
+            "see the candidates table"
         )
+
+
+def closest_shortfall(plan) -> str:
+    """The candidate that misses by the least (largest need / capacity over its tiers), with its numbers."""
+    from launcher import plan as planning
+
+    def overshoot(candidate) -> float:
+        m, host = candidate.memory, plan.host
+        ratios = [m.cpu_bytes / max(1, planning.usable_cpu_bytes(host))]
+        if host.has_gpu:
+            ratios.append(m.gpu_bytes_per_device / max(1, planning.usable_gpu_bytes(host)))
+        if m.nvme_bytes:
+            ratios.append(m.nvme_bytes / max(1, planning.usable_nvme_bytes(host)) if host.nvme else float("inf"))
+        return max(ratios)
+
+    if not plan.candidates:
+        return "no strategy matches the pinned --zero-stage/--offload-* combination"
+    best = min(plan.candidates, key=overshoot)
+    return f"{best.strategy.label} ({'; '.join(best.problems)})"
 
 
 def apply_recipe(ctx: click.Context, opts: dict) -> None:
@@ -580,9 +605,7 @@ def smoke_test(
     job_opts = _job_options(opts, str(out), launcher_args)
     job_opts = replace(job_opts, resume=False, save_every=0)
     if plan.chosen is None:
-        report.add(
-            smoke.Check("config", False, f"does not fit: {'; '.join(plan.reasons)[-300:]}", time.monotonic() - t0)
-        )
+        report.add(smoke.Check("config", False, f"does not fit: {closest_shortfall(plan)}", time.monotonic() - t0))
         return _finish_smoke(report, as_json, junit_xml)
     report.strategy = plan.chosen.strategy.label
     try:
@@ -672,6 +695,12 @@ def _fit_summary(plan) -> str:
 def _finish_smoke(report, as_json: bool, junit_xml: str | None):
     from launcher import smoke
 
+    ran = {c.name for c in report.checks}
+    for name in smoke.CHECKS:  # every check appears, so CI shows what an early failure left unchecked
+        if name not in ran:
+            report.add(
+                smoke.Check(name, None, f"not run: {report.failed.name} failed first" if report.failed else "not run")
+            )
     if junit_xml:
         smoke.write_junit(report, Path(junit_xml))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else smoke.text(report))

@@ -91,3 +91,13 @@ def test_ds_config_file_errors(tmp_path):
     for path, message in ((str(bad), "bad.json:2: invalid JSON"), (str(tmp_path / "no.json"), "No such file")):
         result = CliRunner().invoke(cli, ["check", path, "--model", "meta-llama/Llama-2-7b"])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_typed_option_that_contradicts_the_user_config_is_refused(tmp_path):
+    path = write(tmp_path, HF_STYLE)
+    args = ["--model", "meta-llama/Llama-2-7b", "--host-spec", "1x-a100-80g", "--ds-config", path]
+    result = CliRunner().invoke(cli, [*args, "--offload-optimizer", "none", "--dry-run"])
+    assert result.exit_code == 2
+    assert "--offload-optimizer none contradicts 'cpu' in --ds-config" in result.output
+    agreeing = CliRunner().invoke(cli, [*args, "--offload-optimizer", "cpu", "--zero-stage", "3", "--dry-run"])
+    assert agreeing.exit_code == 0, agreeing.output
