@@ -346,6 +346,11 @@ def closest_shortfall(plan) -> str:
     return f"{best.strategy.label} ({'; '.join(best.problems)})"
 
 
+def run_defaults() -> dict:
+    """Every `run` option at its default, for commands that plan without being `run`."""
+    return run.make_context("run", [], resilient_parsing=True).params
+
+
 def apply_recipe(ctx: click.Context, opts: dict) -> None:
     """Lay the recipe's options under what the user typed; resolve --host-spec names; require a model."""
     from click.core import ParameterSource
@@ -377,7 +382,7 @@ def recipes_command() -> None:
     """List the bundled recipes, the strategy each plans, and who each is for."""
     from launcher import recipes
 
-    defaults = run.make_context("run", [], resilient_parsing=True).params
+    defaults = run_defaults()
     for recipe in recipes.available():
         plan = build_plan(defaults | recipe.options)
         label = plan.chosen.strategy.label if plan.chosen else "does not fit"
@@ -764,24 +769,8 @@ def check_command(config_file: str, as_json: bool, **opts) -> None:
     config = read_ds_config(config_file)
     if opts["host_spec"]:
         opts["host_spec"] = recipes.host_spec_path(opts["host_spec"])
-    plan_opts = (
-        {
-            "micro_batch": 1,
-            "grad_accum": 1,
-            "precision": "auto",
-            "activation_checkpointing": True,
-            "zero_stage": "auto",
-            "offload_optimizer": "auto",
-            "offload_param": "auto",
-            "lr": 2e-5,
-            "warmup_steps": 10,
-            "steps": 100,
-            "allow_long_seq": False,
-            "ds_config_base": None,
-        }
-        | opts
-        | {k: v for k, v in lint.pins_from_config(config).items() if k in ("micro_batch", "grad_accum")}
-    )
+    pins = {k: v for k, v in lint.pins_from_config(config).items() if k in ("micro_batch", "grad_accum")}
+    plan_opts = run_defaults() | opts | pins
     plan = build_plan(plan_opts)
     findings = lint.lint(config, plan, plan.world_size)
     errors = sum(f.level == "error" for f in findings)
