@@ -121,8 +121,11 @@ def truncate_model(model_spec: str, layers: int, dest: Path, trust_remote_code: 
 
 
 def tokenizer_source(model_spec: str, tokenizer: str | None) -> str:
-    """--tokenizer when given; else the model itself (its folder or hub id)."""
-    return tokenizer or model_spec
+    """--tokenizer when given; else the model itself: its folder, or its hub id (an alias such as
+    meta-llama/Llama-2-7b resolved to the real repository)."""
+    from launcher.model import bundled_aliases
+
+    return tokenizer or bundled_aliases().get(model_spec, model_spec)
 
 
 # ------------------------------------------------------------------------------------------- output
