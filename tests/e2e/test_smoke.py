@@ -228,7 +228,7 @@ def test_nvme_cleanup_check_fails_when_the_swap_folder_stays(tiny_model, tiny_da
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(busy)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        args = ("--zero-stage", "3", "--offload-optimizer", "nvme", "--nvme-path", str(nvme))
+        args = ("--zero-stage", "3", "--offload-optimizer", "cpu", "--offload-param", "nvme", "--nvme-path", str(nvme))
         proc = smoke(tiny_model, tiny_data, out, *args)
     finally:
         subprocess.run(["umount", "-l", str(busy)], check=False)
