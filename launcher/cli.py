@@ -588,10 +588,10 @@ def smoke_test(
     started = time.monotonic()
     ctx = click.get_current_context()
     opts = dict(opts)
-    # Smoke defaults, unless given: 3 steps at a constant 1e-3 on one batch (the schedule is not under test).
-    for name, value in (("steps", smoke.DEFAULT_STEPS), ("lr", smoke.DEFAULT_LR)):
-        if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
-            opts[name] = value
+    # Smoke defaults, unless given: 3 steps on one batch at a constant rate scaled to the width (smoke.default_lr).
+    if ctx.get_parameter_source("steps") is click.core.ParameterSource.DEFAULT:
+        opts["steps"] = smoke.DEFAULT_STEPS
+    default_lr = ctx.get_parameter_source("lr") is click.core.ParameterSource.DEFAULT
     model_spec = opts["model_spec"]
     out = Path(opts["output_dir"] or rundir.default_output_dir(model_spec) + "-smoke")
     report = smoke.SmokeReport(model=model_spec, strategy=None, layers=layers, full_model=None)
@@ -613,6 +613,8 @@ def smoke_test(
         report.add(smoke.Check("config", False, f"does not fit: {closest_shortfall(plan)}", time.monotonic() - t0))
         return _finish_smoke(report, as_json, junit_xml)
     report.strategy = plan.chosen.strategy.label
+    if default_lr:  # the rate only reaches the ds_config, not the memory or time estimates
+        plan = replace(plan, workload=replace(plan.workload, lr=smoke.default_lr(plan.model.hidden_size)))
     try:
         dsconfig.validate(dsconfig.render(plan), plan.world_size, cache_dir=tool_cache_dir())
     except InvalidDsConfig as exc:
@@ -644,7 +646,7 @@ def smoke_test(
     (out / smoke.RESULT_FILE).unlink(missing_ok=True)
     for leftover in (out / "smoke-checkpoint").glob("*"):  # a previous smoke run's (the folder may be a mount)
         shutil.rmtree(leftover, ignore_errors=True)
-    ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}  # constant lr: see DEFAULT_LR
+    ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}  # constant lr: see smoke.default_lr
     spec = replace(job.spec, smoke=True, smoke_memory_tolerance=tolerance, resume=False)
     job = replace(job, ds_config=ds_config, spec=spec)
     jobs.write(job)

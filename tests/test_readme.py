@@ -111,5 +111,9 @@ def test_smoke_checks_and_exit_codes_are_the_code_s():
     assert f"--smoke-timeout MINUTES` (default {smoke.DEFAULT_TIMEOUT_MINUTES:g})" in README
     assert f"--smoke-memory-tolerance RATIO` (default {smoke.DEFAULT_MEMORY_TOLERANCE:g})" in README
     assert f"`--steps` defaults to {smoke.DEFAULT_STEPS}" in README
-    lr = re.search(r"the learning rate is a constant (\S+) ", README)
-    assert lr and float(lr.group(1)) == smoke.DEFAULT_LR
+    lr = re.search(r"the learning rate is a constant (\S+) × min\(1, (\d+) / hidden size\)", README)
+    assert (
+        lr
+        and float(lr.group(1)) == smoke.default_lr(1)
+        and smoke.default_lr(4096) == float(lr.group(1)) * int(lr.group(2)) / 4096
+    )
