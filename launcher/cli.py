@@ -257,7 +257,8 @@ def build_plan(opts: dict):
         ctx = click.get_current_context(silent=True)
         for name, value in lint.pins_from_config(opts["user_config"]).items():
             typed = ctx is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-            if typed and str(opts[name]) != str(value):
+            mine = str(opts[name]).rstrip("/") if opts[name] is not None else None
+            if typed and mine not in ("auto", str(value).rstrip("/")):
                 flag = "--" + name.replace("_", "-")
                 raise UserInputError(
                     f"{flag} {opts[name]} contradicts {value!r} in --ds-config {opts['ds_config_base']}; "
@@ -594,6 +595,9 @@ def smoke_test(
     default_lr = ctx.get_parameter_source("lr") is click.core.ParameterSource.DEFAULT
     model_spec = opts["model_spec"]
     out = Path(opts["output_dir"] or rundir.default_output_dir(model_spec) + "-smoke")
+    if opts["steps"] < 2:
+        raise UserInputError(f"--smoke needs --steps of at least 2 to see the loss fall, got {opts['steps']}")
+    rundir.check_not_a_training_run(out, opts["force"])
     report = smoke.SmokeReport(model=model_spec, strategy=None, layers=layers, full_model=None)
 
     if layers:
@@ -616,8 +620,9 @@ def smoke_test(
     if default_lr:  # the rate only reaches the ds_config, not the memory or time estimates
         plan = replace(plan, workload=replace(plan.workload, lr=smoke.default_lr(plan.model.hidden_size)))
     try:
-        dsconfig.validate(dsconfig.render(plan), plan.world_size, cache_dir=tool_cache_dir())
-    except InvalidDsConfig as exc:
+        final = final_config(plan, dsconfig.render(plan, nvme_path=rundir.run_swap_dir(plan, out)), opts)
+        dsconfig.validate(final, plan.world_size, cache_dir=tool_cache_dir())
+    except (InvalidDsConfig, UserInputError) as exc:
         report.add(smoke.Check("config", False, str(exc), time.monotonic() - t0))
         return _finish_smoke(report, as_json, junit_xml)
     report.add(
@@ -825,11 +830,7 @@ def host_checks(plan, out: Path, *, fatal: bool) -> None:
     real run with its exit code; a dry run (or a non-fatal check) prints it as a warning on stderr."""
     from launcher import preflight, rundir
 
-    strategy = plan.chosen.strategy
-    swap = None
-    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
-        swap = rundir.swap_dir(plan.workload.nvme_path or plan.host.nvme.path, str(out))
-    problems = preflight.check(plan, own_swap_dir=swap)
+    problems = preflight.check(plan, own_swap_dir=rundir.run_swap_dir(plan, out))
     for problem in problems:
         if not (fatal and problem.fatal):
             click.echo(f"warning: {problem.message}", err=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import re
@@ -18,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import textfiles
 from launcher.errors import UserInputError, unknown_key_message
 from launcher.units import GB, parse_size
 
@@ -234,13 +234,16 @@ def disk_free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def check_nvme_room(path: str, needed_bytes: int, strategy: str, what: str = "--nvme-path") -> None:
+def check_nvme_room(
+    path: str, needed_bytes: int, strategy: str, what: str = "--nvme-path", reusable_bytes: int = 0
+) -> None:
     """Before launch: the real folder behind a plan made for a described host must hold the plan's swap
-    files (the plan only saw the description's `nvme.free`). Same headroom as the planner's."""
+    files (the plan only saw the description's `nvme.free`). Same headroom as the planner's.
+    `reusable_bytes`: the run's own swap files a killed run left, which its resume overwrites."""
     from launcher.memory import NVME_USABLE_FRACTION
     from launcher.units import fmt_bytes
 
-    free = disk_free_bytes(check_nvme_folder(path, what))
+    free = disk_free_bytes(check_nvme_folder(path, what)) + reusable_bytes
     if needed_bytes > free * NVME_USABLE_FRACTION:
         raise UserInputError(
             f"{what} {path} has {fmt_bytes(free)} free, but {strategy} needs {fmt_bytes(needed_bytes)} of swap "
@@ -307,24 +310,6 @@ _PCIE_KEYS = {"generation", "width", "bandwidth"}
 _NVME_KEYS = {"path", "free", "is_nvme", "read", "write"}
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """'gpus.memory' -> 1-based line, so errors can point into the file."""
-    import yaml
-
-    lines: dict[str, int] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                dotted = f"{prefix}{key_node.value}"
-                lines[dotted] = key_node.start_mark.line + 1
-                walk(value_node, dotted + ".")
-
-    with contextlib.suppress(yaml.YAMLError):  # syntax errors are reported by the loader, with their line
-        walk(yaml.compose(text), "")
-    return lines
-
-
 def _check_keys(section: dict, allowed: set[str], where: str, path: str, lines: dict[str, int], prefix: str) -> None:
     for key in section:
         if key not in allowed:
@@ -375,28 +360,14 @@ def _size(value: object, what: str, *, per_second: bool = False) -> int:
 def load_host_spec(path: str) -> HostProfile:
     """A described host from YAML or JSON. Nothing on this machine is read or checked. Every error names
     the file, the key and (YAML) its line: `host.yaml:3: gpus.memory: ...`."""
-    import yaml
 
     file = Path(path)
     if not file.is_file():
         raise UserInputError(f"--host-spec {path} does not exist; pass a YAML or JSON host description")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserInputError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    try:
-        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
-    except RecursionError:
-        raise UserInputError(f"{path}: nested too deeply to be a host description; fix the brackets") from None
-    except json.JSONDecodeError as exc:
-        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}; fix the syntax on that line") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserInputError(f"{where}: invalid YAML: {problem}; fix the syntax on that line") from None
+    text = textfiles.read_text(file)
+    data = textfiles.parse(text, path, as_json=file.suffix == ".json")
     spec = _mapping(data, f"{path}")
-    lines = _key_lines(text) if file.suffix != ".json" else {}
+    lines = textfiles.key_lines(text) if file.suffix != ".json" else {}
 
     def at(key: str) -> str:
         line = lines.get(key)

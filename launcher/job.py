@@ -96,13 +96,12 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
     out = Path(opts.output_dir)
     model_dir = model_identity(plan)
     strategy = plan.chosen.strategy
-    swap = None
-    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
-        swap_root = plan.workload.nvme_path or plan.host.nvme.path
-        swap = rundir.swap_dir(swap_root, str(out))
-        if opts.hostfile is None:  # several machines: the folder is on them, not necessarily here
-            what = "--nvme-path" if plan.workload.nvme_path else f"the NVMe folder (nvme.path in {plan.host.source})"
-            check_nvme_room(swap_root, plan.chosen.memory.nvme_bytes, strategy.label, what)
+    swap = rundir.run_swap_dir(plan, out)
+    if swap and tokenize and opts.hostfile is None:  # a real run on this machine (several: the folder is theirs)
+        swap_root = str(Path(swap).parent)
+        what = "--nvme-path" if plan.workload.nvme_path else f"the NVMe folder (nvme.path in {plan.host.source})"
+        reusable = sum(f.stat().st_size for f in Path(swap).rglob("*") if f.is_file()) if Path(swap).is_dir() else 0
+        check_nvme_room(swap_root, plan.chosen.memory.nvme_bytes, strategy.label, what, reusable_bytes=reusable)
     n_blocks = None
     if tokenize or opts.epochs is not None:
         blocks = load_blocks(opts, model_dir, plan.workload.seq_len, out / "cache" if tokenize else None)
@@ -119,6 +118,10 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
         from launcher import lint
 
         ds_config, _warnings = lint.apply_user_config(opts.user_config, ds_config, plan)  # cli.train printed them
+        for section in ("offload_optimizer", "offload_param"):  # the user's nvme_path is the drive; the run
+            offload = ds_config.get("zero_optimization", {}).get(section, {})  # swaps into its own folder on it
+            if swap and offload.get("device") == "nvme":
+                offload["nvme_path"] = swap
     dsconfig.validate(ds_config, plan.world_size, cache_dir=cache_dir)
 
     memory = plan.chosen.memory

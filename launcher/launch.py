@@ -112,20 +112,23 @@ def run(
     previous = {sig: signal.signal(sig, forwarder) for sig in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
+    grace_ends = None  # when the first signal (or the time bound) has waited long enough for SIGTERM
     try:
         while True:
-            wait = STOP_GRACE_SECONDS if forwarder.received else None
-            if deadline is not None and not forwarder.received:
-                wait = max(0.0, deadline - time.monotonic())
             try:
-                code = process.wait(timeout=wait)
+                code = process.wait(timeout=1.0)  # short slices: a signal handled meanwhile is seen at once
                 break
             except subprocess.TimeoutExpired:
-                if forwarder.received:
+                pass
+            now = time.monotonic()
+            if deadline is not None and not forwarder.received and now >= deadline:
+                timed_out = True  # the time bound ran out: stop every rank as Ctrl-C would
+                forwarder(signal.SIGTERM, None)
+            if forwarder.received and grace_ends is None:
+                grace_ends = now + STOP_GRACE_SECONDS
+            if grace_ends is not None and now >= grace_ends:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                else:  # the time bound ran out: stop every rank as Ctrl-C would
-                    timed_out = True
-                    forwarder(signal.SIGTERM, None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

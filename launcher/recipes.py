@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import textfiles
 from launcher.errors import UserInputError, nearest, unknown_key_message
 from launcher.resources import resource_dir
 
@@ -151,23 +152,16 @@ def host_spec_path(name_or_path: str, relative_to: Path | None = None, flag: str
 
 def load(path: str | Path) -> Recipe:
     """Read and check one recipe file. Every problem in it is reported at once, each with its line."""
-    import yaml
 
     file = Path(path)
     try:
-        text = file.read_text()
+        text = textfiles.read_text(file)
     except OSError as exc:
         raise UserInputError(f"recipe {path}: {exc.strerror}; pass a recipe name or a YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserInputError(f"{where}: invalid YAML: {problem}") from None
+    data = textfiles.parse(text, path)
     if not isinstance(data, dict):
         raise UserInputError(f"{path}: a recipe is a mapping of keys (model: ..., host: ...), got {data!r}")
-    lines = _key_lines(text)
+    lines = textfiles.key_lines(text)
     problems: list[str] = []
 
     def at(key: str) -> str:
@@ -248,23 +242,6 @@ def _model_spec(value: str, base: Path) -> str:
     path = _resolve_path(value, base)
     explicit = value.startswith((PACKAGE_PREFIX, "./", "../", "/", "~"))
     return str(path) if explicit or path.exists() else value
-
-
-def _key_lines(text: str) -> dict[str, int]:
-    """'expect.strategy' -> 1-based line, so errors can point into the file (as host.py does for hosts)."""
-    import yaml
-
-    lines: dict[str, int] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                lines[f"{prefix}{key_node.value}"] = key_node.start_mark.line + 1
-                walk(value_node, f"{prefix}{key_node.value}.")
-
-    with contextlib.suppress(yaml.YAMLError):  # the loader has already reported syntax errors
-        walk(yaml.compose(text), "")
-    return lines
 
 
 def _looks_like_path(value: str) -> bool:

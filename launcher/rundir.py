@@ -32,6 +32,15 @@ def swap_dir(nvme_path: str, output_dir: str) -> str:
     return str(Path(nvme_path) / f"{SWAP_PREFIX}{digest}")
 
 
+def run_swap_dir(plan, output_dir: str | Path) -> str | None:
+    """The run's own swap folder when its strategy swaps to NVMe (under --nvme-path, else the described
+    host's nvme.path); None otherwise."""
+    strategy = plan.chosen.strategy
+    if "nvme" not in (strategy.offload_optimizer, strategy.offload_param):
+        return None
+    return swap_dir(plan.workload.nvme_path or plan.host.nvme.path, str(output_dir))
+
+
 def check_owner(output_dir: Path, model: str, data: str, force: bool) -> None:
     """An output folder that holds a different run (other model or data) is refused unless --force."""
     spec_path = output_dir / "run_spec.json"
@@ -47,6 +56,23 @@ def check_owner(output_dir: Path, model: str, data: str, force: bool) -> None:
                 f"{output_dir} holds a run of {key} {previous.get(key)!r}, not {value!r}; pass another "
                 "--output-dir, or --force to reuse it"
             )
+
+
+def check_not_a_training_run(output_dir: Path, force: bool) -> None:
+    """--smoke starts its folder over: refuse one that holds a training run (its checkpoints and swap files
+    would go) unless --force."""
+    spec_path = output_dir / "run_spec.json"
+    if force or not spec_path.exists():
+        return
+    try:
+        smoke = json.loads(spec_path.read_text()).get("smoke", False)
+    except (OSError, ValueError, AttributeError):
+        return
+    if not smoke:
+        raise UserInputError(
+            f"{output_dir} holds a training run, which a smoke test would erase; pass another --output-dir "
+            "(the default is runs/<model>-smoke), or --force"
+        )
 
 
 def start_over(output_dir: Path) -> None:

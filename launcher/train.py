@@ -314,7 +314,7 @@ class Trainer:
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         needed = self.checkpoint_bytes()
         free = shutil.disk_usage(self.spec.checkpoint_dir).free
-        room = self.torch.tensor([1 if free >= needed else 0])
+        room = self.torch.tensor([1 if free >= needed else 0], device=self.engine.device)
         self.dist.all_reduce(room, op=self.dist.ReduceOp.MIN)
         if not room.item():
             newest = complete_checkpoints(self.spec.checkpoint_dir)
@@ -404,11 +404,7 @@ class Trainer:
     def summary(self, history: list[float], step_seconds: list[float], wall: float, nvme_bytes: int) -> dict:
         """run.json: what ran, and the plan's predictions next to what was measured, with their ratios."""
         torch = self.torch
-        peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
-        total = peak.clone()
-        self.dist.all_reduce(peak, op=self.dist.ReduceOp.MAX)
-        self.dist.all_reduce(total)
-        nodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+        peak, cpu_per_node = self._cpu_peaks()
         measured_steps = step_seconds[WARMUP_STEPS_EXCLUDED:] or step_seconds
         median = statistics.median(measured_steps) if measured_steps else None
         tokens_per_step = self.micro_batch * self.grad_accum * self.world * self.spec.seq_len
@@ -416,7 +412,7 @@ class Trainer:
         measured = {
             "step_seconds": median,  # median after the warm-up step
             "tokens_per_s": tokens_per_step / median if median else None,
-            "cpu_bytes_per_node": int(total.item()) // nodes,  # peak RSS of this node's ranks, summed
+            "cpu_bytes_per_node": cpu_per_node,  # peak RSS of this node's ranks, summed
             "nvme_bytes_per_node": nvme_bytes,  # swap files at the end of training
         }
         if torch.cuda.is_available():
@@ -438,7 +434,7 @@ class Trainer:
             "final_loss": history[-1] if history else None,
             "wall_seconds": wall,
             "tokens_per_s": measured["tokens_per_s"],
-            "peak_cpu_rss_bytes": int(peak.item()),
+            "peak_cpu_rss_bytes": peak,
             "predicted": predicted,
             "measured": measured,
             "ratios": ratios,
@@ -546,10 +542,7 @@ class Trainer:
         from launcher.smoke import Check
 
         torch = self.torch
-        peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
-        self.dist.all_reduce(peak)
-        nodes = max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
-        measured = {"cpu_bytes_per_node": int(peak.item()) // nodes}
+        measured = {"cpu_bytes_per_node": self._cpu_peaks()[1]}
         if torch.cuda.is_available():
             measured["gpu_bytes_per_device"] = torch.cuda.max_memory_reserved()
         predicted = self.spec.predicted
@@ -578,36 +571,36 @@ class Trainer:
         t0 = time.perf_counter()
         folder = self.spec.out / "smoke-checkpoint"
         try:
-            self.write_checkpoint(folder, "smoke", self.spec.steps)
-            self.dist.barrier()
-            saved = self._weights()
-            self._train_step(ids)
-            moved = self._weights()
-            load_path, _ = self.load_checkpoint(folder, "smoke")
-            restored = self._weights()
-        except Exception as exc:  # noqa: BLE001 - any failure to save or load is what this check reports
-            return Check(
-                "checkpoint",
-                False,
-                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                time.perf_counter() - t0,
-            )
-        changed = sum(not self.torch.equal(saved[k], moved[k]) for k in saved)
-        differ = [k for k in saved if not self.torch.equal(saved[k], restored[k])]
-        size = _folder_bytes(str(folder))
-        if self.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                self.write_checkpoint(folder, "smoke", self.spec.steps)
+                self.dist.barrier()
+                saved = self._weights()
+                self._train_step(ids)
+                moved = self._weights()
+                load_path, _ = self.load_checkpoint(folder, "smoke")
+                restored = self._weights()
+            except Exception as exc:  # noqa: BLE001 - a failure to save or load is what this check reports
+                if self.world > 1:  # the other ranks may wait in a collective: fail the run, not just the check
+                    raise
+                message = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                return Check("checkpoint", False, message, time.perf_counter() - t0)
+            changed = sum(not self.torch.equal(saved[k], moved[k]) for k in saved)
+            differ = [k for k in saved if not self.torch.equal(saved[k], restored[k])]
+            size = _folder_bytes(str(folder / "smoke"))
+            self.dist.barrier()  # every rank has read the folder before rank 0 removes it
+        finally:
+            if self.rank == 0:
+                shutil.rmtree(folder / "smoke", ignore_errors=True)
+        seconds = time.perf_counter() - t0
         if load_path is None or differ:
             what = "could not be loaded" if load_path is None else f"{len(differ)} tensors differ, e.g. {differ[0]}"
-            return Check(
-                "checkpoint", False, f"checkpoint saved ({fmt_bytes(size)}) but {what}", time.perf_counter() - t0
-            )
+            return Check("checkpoint", False, f"checkpoint saved ({fmt_bytes(size)}) but {what}", seconds)
         return Check(
             "checkpoint",
             True,
             f"saved {fmt_bytes(size)}, trained one more step ({changed}/{len(saved)} tensors moved), "
             f"loaded back: all {len(saved)} tensors identical",
-            time.perf_counter() - t0,
+            seconds,
         )
 
     def _nvme_cleanup_check(self):
@@ -622,6 +615,18 @@ class Trainer:
         if left.exists():
             return Check("nvme_cleanup", False, f"{left} is still there ({fmt_bytes(_folder_bytes(str(left)))})")
         return Check("nvme_cleanup", True, f"swap files ({fmt_bytes(used)} at the end) removed with {left}")
+
+    def _cpu_peaks(self) -> tuple[int, int]:
+        """(the largest rank's peak RSS, the peak RSS of a node's ranks summed). Collective. The tensors live
+        on the engine's device: NCCL reduces no CPU tensors."""
+        torch = self.torch
+        peak = torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=self.engine.device)
+        total = peak.clone()
+        self.dist.all_reduce(peak, op=self.dist.ReduceOp.MAX)
+        self.dist.all_reduce(total)
+        # DeepSpeed's launcher exports CROSS_SIZE (nodes) and LOCAL_SIZE (ranks on this node).
+        nodes = int(os.environ.get("CROSS_SIZE") or max(1, self.world // int(os.environ.get("LOCAL_SIZE", self.world))))
+        return int(peak.item()), int(total.item()) // max(1, nodes)
 
     def remove_swap_files(self) -> None:
         """A finished run leaves no NVMe swap files behind (a killed one reuses them on resume)."""
