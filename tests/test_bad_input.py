@@ -356,3 +356,22 @@ def test_the_same_command_with_good_input_reaches_the_launch(workspace, no_proce
     assert isinstance(result.exception, Launched), result.output
     assert len(no_processes) == 1 and "deepspeed.launcher.runner" in no_processes[0][0]
     assert json.loads((workspace / "other-model-run" / "run_spec.json").read_text())["model"].endswith("model")
+
+
+def test_smoke_refuses_a_training_runs_folder_and_too_few_steps(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_spec.json").write_text(json.dumps({"model": "m", "data": "d"}))  # a training run's
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    base = ["--model", "meta-llama/Llama-2-7b", "--data", str(data), "--smoke", "--output-dir", str(out)]
+    refused = CliRunner().invoke(cli, base)
+    assert refused.exit_code == 2 and "holds a training run, which a smoke test would erase" in refused.output
+    assert sorted(p.name for p in out.iterdir()) == ["run_spec.json"]
+    too_few = CliRunner().invoke(cli, [*base, "--force", "--steps", "1"])
+    assert too_few.exit_code == 2 and "--smoke needs --steps of at least 2" in too_few.output

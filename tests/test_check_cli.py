@@ -101,3 +101,11 @@ def test_a_typed_option_that_contradicts_the_user_config_is_refused(tmp_path):
     assert "--offload-optimizer none contradicts 'cpu' in --ds-config" in result.output
     agreeing = CliRunner().invoke(cli, [*args, "--offload-optimizer", "cpu", "--zero-stage", "3", "--dry-run"])
     assert agreeing.exit_code == 0, agreeing.output
+
+
+def test_typed_auto_and_a_trailing_slash_do_not_contradict(tmp_path):
+    config = dict(HF_STYLE, zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})
+    path = write(tmp_path, config)
+    args = ["--model", "meta-llama/Llama-2-70b-hf", "--host-spec", "1x-a100-80g", "--ds-config", path, "--dry-run"]
+    result = CliRunner().invoke(cli, [*args, "--zero-stage", "auto", "--nvme-path", "/x/", "--json"])
+    assert "contradicts" not in result.output, result.output
