@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ENTRY_MODULE = "launcher.train"
 STOP_GRACE_SECONDS = 30
@@ -135,8 +136,28 @@ def run(
         # No rank outlives the launcher (DeepSpeed's runner can exit before its children on errors).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+        remove_shm_buffers(argv)
     if timed_out:
         return TIMEOUT_EXIT
     if forwarder.received:
         return 128 + forwarder.received[0]
     return code if code >= 0 else 128 - code
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_buffers(argv: list[str]) -> list[Path]:
+    """Remove the shared-memory allreduce buffers this run's ranks left on this machine. DeepSpeed's CPU
+    communication (csrc/cpu/comm/shm.cpp) maps one 66 MiB file per rank, named
+    deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, and never unlinks it: every run on the CPU
+    accelerator leaked 66 MiB of RAM per rank (/dev/shm is memory) until the test suite ran out of it."""
+    if "--master_port" not in argv:
+        return []
+    port = argv[argv.index("--master_port") + 1]
+    removed = []
+    for buffer in SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+        with contextlib.suppress(OSError):
+            buffer.unlink()
+            removed.append(buffer)
+    return removed

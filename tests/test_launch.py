@@ -179,3 +179,18 @@ def test_epochs_become_optimizer_steps():
     assert steps_for_epochs(1.5, 640, plan) == 15
     assert steps_for_epochs(1, 650, plan) == 11  # a partial last step still runs
     assert steps_for_epochs(0.01, 640, plan) == 1
+
+
+def test_the_runs_shared_memory_buffers_are_removed_and_no_others(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(launch, "SHM_DIR", tmp_path)
+    uid = os.getuid()
+    ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_29511_{rank}" for rank in (0, 1)]
+    other_port = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_29512_0"
+    other_user = tmp_path / f"deepspeed_allreduce_buffer_{uid + 1}_127.0.0.1_29511_0"
+    for path in (*ours, other_port, other_user):
+        path.write_bytes(b"\0" * 16)
+    removed = launch.remove_shm_buffers(["python", "-m", "deepspeed.launcher.runner", "--master_port", "29511"])
+    assert sorted(removed) == sorted(ours)
+    assert other_port.exists() and other_user.exists() and not any(p.exists() for p in ours)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,10 @@ def test_two_ranks(tiny_model, tiny_data, tmp_path):
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 2 * 4
     assert "--num_gpus 2" in proc.stdout
     assert "abort" not in proc.stderr.lower()
+    import re
+
+    port = re.search(r"--master_port (\d+)", proc.stdout).group(1)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))  # no leaked 66 MiB buffers
 
 
 def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
