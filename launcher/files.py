@@ -1,4 +1,4 @@
-"""Writing files so that a crash leaves the old version or the new one, never half of one."""
+"""Writing files so that a crash leaves the old version or the new one, never half of one; sizing folders."""
 
 from __future__ import annotations
 
@@ -18,3 +18,10 @@ def write_json_atomic(path: Path, data: object) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def folder_bytes(folder: str | Path | None) -> int:
+    """Bytes in the files under `folder` (0 when it is None or not a folder)."""
+    if not folder or not Path(folder).is_dir():
+        return 0
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())

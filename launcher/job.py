@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher import dsconfig, launch, report, rundir
 from launcher.errors import UserInputError
-from launcher.files import write_json_atomic
+from launcher.files import folder_bytes, write_json_atomic
 from launcher.host import check_nvme_room
 from launcher.plan import Plan
 from launcher.train import RunSpec
@@ -100,7 +100,7 @@ def prepare(plan: Plan, opts: JobOptions, *, tokenize: bool, cache_dir: Path | N
     if swap and tokenize and opts.hostfile is None:  # a real run on this machine (several: the folder is theirs)
         swap_root = str(Path(swap).parent)
         what = "--nvme-path" if plan.workload.nvme_path else f"the NVMe folder (nvme.path in {plan.host.source})"
-        reusable = sum(f.stat().st_size for f in Path(swap).rglob("*") if f.is_file()) if Path(swap).is_dir() else 0
+        reusable = folder_bytes(swap)
         check_nvme_room(swap_root, plan.chosen.memory.nvme_bytes, strategy.label, what, reusable_bytes=reusable)
     n_blocks = None
     if tokenize or opts.epochs is not None:

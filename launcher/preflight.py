@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from launcher.files import folder_bytes
 from launcher.host import aio_usable, op_usable
 from launcher.plan import Plan
 from launcher.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
@@ -117,12 +118,11 @@ def stale_swap_problems(nvme_path: str, own_swap_dir: str | None) -> list[Proble
         if not folder.is_dir() or (own_swap_dir and folder == Path(own_swap_dir)):
             continue
         owner = _read_owner(folder)
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         problems.append(
             Problem(
                 "nvme_leftovers",
-                f"{folder} holds {fmt_bytes(size)} of swap files from the unfinished run in {owner}: rerun that "
-                "run to resume (it reuses them), or delete the folder to free the space",
+                f"{folder} holds {fmt_bytes(folder_bytes(folder))} of swap files from the unfinished run in {owner}: "
+                "rerun that run to resume (it reuses them), or delete the folder to free the space",
                 fatal=False,
             )
         )

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.files import write_json_atomic
+from launcher.files import folder_bytes, write_json_atomic
 from launcher.rundir import SWAP_OWNER_FILE
 from launcher.sampling import BlockOrder
 from launcher.units import fmt_bytes
@@ -297,7 +297,7 @@ class Trainer:
                 self.save_checkpoint(step)
         progress.close()
         self.export()
-        nvme_bytes = _folder_bytes(self.spec.nvme_swap_dir)
+        nvme_bytes = folder_bytes(self.spec.nvme_swap_dir)
         self.remove_swap_files()
         return self.summary(history, step_seconds, time.perf_counter() - start, nvme_bytes)
 
@@ -381,7 +381,7 @@ class Trainer:
         (exact), else 14 bytes per parameter (16-bit weights + fp32 master weights and two Adam moments)."""
         newest = complete_checkpoints(self.spec.checkpoint_dir)
         if newest:
-            return _folder_bytes(str(self.spec.checkpoint_dir / newest[-1][1]))
+            return folder_bytes(str(self.spec.checkpoint_dir / newest[-1][1]))
         params = sum(getattr(p, "ds_numel", p.numel()) for p in self.model.parameters())
         return CHECKPOINT_BYTES_PER_PARAM * params
 
@@ -586,7 +586,7 @@ class Trainer:
                 return Check("checkpoint", False, message, time.perf_counter() - t0)
             changed = sum(not self.torch.equal(saved[k], moved[k]) for k in saved)
             differ = [k for k in saved if not self.torch.equal(saved[k], restored[k])]
-            size = _folder_bytes(str(folder / "smoke"))
+            size = folder_bytes(str(folder / "smoke"))
             self.dist.barrier()  # every rank has read the folder before rank 0 removes it
         finally:
             if self.rank == 0:
@@ -608,12 +608,12 @@ class Trainer:
 
         if not self.spec.nvme_swap_dir:
             return Check("nvme_cleanup", True, "no NVMe offload in this plan: nothing to clean")
-        used = _folder_bytes(self.spec.nvme_swap_dir)
+        used = folder_bytes(self.spec.nvme_swap_dir)
         self.remove_swap_files()
         self.dist.barrier()
         left = Path(self.spec.nvme_swap_dir)
         if left.exists():
-            return Check("nvme_cleanup", False, f"{left} is still there ({fmt_bytes(_folder_bytes(str(left)))})")
+            return Check("nvme_cleanup", False, f"{left} is still there ({fmt_bytes(folder_bytes(str(left)))})")
         return Check("nvme_cleanup", True, f"swap files ({fmt_bytes(used)} at the end) removed with {left}")
 
     def _cpu_peaks(self) -> tuple[int, int]:
@@ -646,12 +646,6 @@ def _has_weights(model: str) -> bool:
     if not path.is_dir():
         return True  # a hub id: from_pretrained fetches its weights
     return any(any(path.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"))
-
-
-def _folder_bytes(folder: str | None) -> int:
-    if not folder or not Path(folder).is_dir():
-        return 0
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
 def _append_jsonl(path: Path, record: dict) -> None:
