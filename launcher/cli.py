@@ -721,14 +721,13 @@ def _finish_smoke(report, as_json: bool, junit_xml: str | None):
 
 def read_ds_config(path: str) -> dict:
     """A user's ds_config file (JSON), or a one-line error naming the file and the line."""
+    from launcher import textfiles
+
     try:
-        text = Path(path).read_text()
+        text = textfiles.read_text(path)
     except OSError as exc:
         raise UserInputError(f"--ds-config {path}: {exc.strerror}; pass an existing ds_config JSON file") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg}); fix that line") from None
+    config = textfiles.parse(text, path, as_json=True)
     if not isinstance(config, dict):
         raise UserInputError(f"{path}: a ds_config is a JSON object, got a {type(config).__name__}")
     return config
