@@ -317,11 +317,10 @@ class Trainer:
         room = self.torch.tensor([1 if free >= needed else 0], device=self.engine.device)
         self.dist.all_reduce(room, op=self.dist.ReduceOp.MIN)
         if not room.item():
-            newest = complete_checkpoints(self.spec.checkpoint_dir)
-            kept = f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
             self.log(
                 f"warning: checkpoint {tag} skipped: it needs about {fmt_bytes(needed)} and {self.spec.checkpoint_dir} "
-                f"has {fmt_bytes(free)} free on some rank; {kept}; free space there (the next save tries again)"
+                f"has {fmt_bytes(free)} free on some rank; {self._previous_checkpoint()}; "
+                "free space there (the next save tries again)"
             )
             self.skipped_saves.append(step)
             return
@@ -329,12 +328,10 @@ class Trainer:
             self.write_checkpoint(self.spec.checkpoint_dir, tag, step)
         except (OSError, RuntimeError) as exc:
             shutil.rmtree(folder, ignore_errors=True)
-            newest = complete_checkpoints(self.spec.checkpoint_dir)
-            kept = f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
             raise SystemExit(
                 f"[offload-launch] checkpoint {tag} failed while writing to {self.spec.checkpoint_dir}: "
-                f"{' '.join(str(exc).split())[:200]}; removed the partial folder; {kept}; free space "
-                "(df -h) and rerun the same command to resume"
+                f"{' '.join(str(exc).split())[:200]}; removed the partial folder; {self._previous_checkpoint()}; "
+                "free space (df -h) and rerun the same command to resume"
             ) from None
         kill_point("checkpoint", step, self.rank)
         self.dist.barrier()
@@ -375,6 +372,11 @@ class Trainer:
 
     def _optimizer_swapped(self) -> bool:
         return self.zero.get("stage") == 3 and self.zero.get("offload_optimizer", {}).get("device") == "nvme"
+
+    def _previous_checkpoint(self) -> str:
+        """What a failed or skipped save leaves to resume from, for its message."""
+        newest = complete_checkpoints(self.spec.checkpoint_dir)
+        return f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
 
     def checkpoint_bytes(self) -> int:
         """What the next checkpoint will take on disk: the newest complete one's size when there is one
