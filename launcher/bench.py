@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO = Path(__file__).resolve().parent / "demo"
+from launcher.resources import resource_path
+
+DEMO = resource_path("demo")
 ADAM_BYTES_PER_PARAM = 28  # Adam reads param, grad, m, v (4 x 4 B) and writes param, m, v (3 x 4 B)
 LLAMA2_7B = {"total_params": 6_738_415_616, "largest_layer_params": 202_383_360}
 
@@ -35,7 +36,7 @@ def _timed(argv: list[str], env: dict) -> tuple[float, subprocess.CompletedProce
 
 
 def bench_plan_latency(env: dict) -> dict:
-    host = str(REPO_ROOT / "recipes" / "hosts" / "1x-a100-80g.yaml")
+    host = str(resource_path("recipes/hosts/1x-a100-80g.yaml"))
     plan = [
         sys.executable,
         "-m",
@@ -71,8 +72,8 @@ def bench_plan_latency(env: dict) -> dict:
 def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
     import torch
 
-    from launcher.dsconfig import import_deepspeed_quietly
-    from launcher.probe import _best_seconds
+    from launcher.config.dsconfig import import_deepspeed_quietly
+    from launcher.inspection.rates import _best_seconds
 
     import_deepspeed_quietly()
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -108,7 +109,7 @@ STRATEGIES = (("2", "cpu", "none"), ("3", "cpu", "cpu"), ("3", "nvme", "nvme"))
 
 
 def bench_predictions(env: dict, steps: int, workdir: Path) -> list[dict]:
-    from launcher.host import aio_usable
+    from launcher.inspection.host import aio_usable
 
     rows = []
     for stage, optimizer, param in STRATEGIES:

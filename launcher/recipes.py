@@ -20,11 +20,10 @@ from pathlib import Path
 
 from launcher import textfiles
 from launcher.errors import UserInputError, nearest, unknown_key_message
-from launcher.resources import resource_dir
+from launcher.resources import PACKAGE_DIR, resource_path
 
 LIVE_HOST = "this"
 PACKAGE_PREFIX = "package:"
-_PACKAGE = Path(__file__).resolve().parent
 _HOST_SUFFIXES = (".yaml", ".yml", ".json")
 
 # Recipe key -> (the `run` command's parameter name, kind). Kinds: int, float, bool, str; "path" is relative
@@ -82,7 +81,7 @@ class Recipe:
 
 def recipe_dir() -> Path:
     """The bundled recipes: repo `recipes/` in a checkout, `launcher/recipes/` in an installed wheel."""
-    return resource_dir("recipes")
+    return resource_path("recipes")
 
 
 def hosts_dir() -> Path:
@@ -231,7 +230,7 @@ def _convert(value: object, kind: object, base: Path) -> object:
 def _resolve_path(value: str, base: Path | None) -> Path:
     """`package:REST` inside the launcher package; ~ expanded; relative paths taken from `base`."""
     if value.startswith(PACKAGE_PREFIX):
-        return _PACKAGE / value[len(PACKAGE_PREFIX) :]
+        return PACKAGE_DIR / value[len(PACKAGE_PREFIX) :]
     path = Path(value).expanduser()
     return path if path.is_absolute() or base is None else Path(os.path.normpath(base / path))
 

@@ -21,31 +21,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 # tests neither read a developer's probe nor leave files in the home directory.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="offload-launch-tests-")
 
-REPO = Path(__file__).resolve().parent.parent
-HOSTS = REPO / "recipes" / "hosts"
-
-
-def tiny_llama_config(**overrides):
-    from transformers import LlamaConfig
-
-    fields = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    fields.update(overrides)
-    return LlamaConfig(**fields)
-
-
-def save_config(config, directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(directory)
-    return directory
+from tests.helpers import save_config, tiny_llama_config  # noqa: E402  (after the environment above)
 
 
 @pytest.fixture
@@ -63,7 +39,3 @@ def write_host(tmp_path: Path):
         return str(path)
 
     return write
-
-
-def host_path(name: str) -> str:
-    return str(HOSTS / f"{name}.yaml")

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HOSTS, save_config, tiny_llama_config
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from launcher import dsconfig
+from launcher.config import dsconfig
 from launcher.errors import UserInputError
-from launcher.host import GpuSpec, HostProfile, NvmeSpec, load_host_spec
-from launcher.memory import CPU_USABLE_FRACTION, GPU_USABLE_FRACTION
-from launcher.model import ModelProfile, inspect_model
-from launcher.plan import (
+from launcher.inspection.host import GpuSpec, HostProfile, NvmeSpec, load_host_spec
+from launcher.inspection.model import ModelProfile, inspect_model
+from launcher.inspection.rates import AIO_SWEEP
+from launcher.plan.memory import CPU_USABLE_FRACTION, GPU_USABLE_FRACTION
+from launcher.plan.planner import (
     CANDIDATE_ORDER,
     Plan,
     Workload,
@@ -34,7 +34,7 @@ from launcher.plan import (
     usable_gpu_bytes,
     usable_nvme_bytes,
 )
-from launcher.probe import AIO_SWEEP
+from tests.helpers import HOSTS, save_config, tiny_llama_config
 
 GiB = 2**30
 TiB = 2**40

@@ -9,10 +9,11 @@ import shlex
 import click
 import pytest
 import yaml
-from conftest import REPO
 
-from launcher import recipes, smoke
+from launcher import recipes
 from launcher.cli import cli
+from launcher.job import smoke
+from tests.helpers import REPO
 
 README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL)

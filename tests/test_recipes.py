@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import HOSTS, REPO, save_config, tiny_llama_config
 
 from launcher import recipes
 from launcher.cli import cli
 from launcher.errors import UserInputError
-from launcher.host import load_host_spec
+from launcher.inspection.host import load_host_spec
+from tests.helpers import HOSTS, REPO, save_config, tiny_llama_config
 
 RECIPE_NAMES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 HOST_NAMES = sorted(p.stem for p in HOSTS.glob("*.yaml"))

@@ -18,9 +18,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from launcher import recipes
+from tests.helpers import REPO
 
 
 def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:

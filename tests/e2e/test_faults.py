@@ -118,7 +118,7 @@ def test_disk_full_while_writing_fails_that_save_and_resume_continues(tiny_model
 def test_optimizer_on_nvme_killed_in_a_step_resumes_on_the_same_curve(tiny_model, tiny_data, tmp_path):
     """ZeRO-3 with the optimizer on NVMe: DeepSpeed copies the swap files (fp32 weights, Adam's moments) into
     the checkpoint and back; offload-launch refreshes the 16-bit weights from them after the load."""
-    from launcher.host import aio_usable
+    from launcher.inspection.host import aio_usable
 
     if not aio_usable():
         pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev")

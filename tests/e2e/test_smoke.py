@@ -217,8 +217,8 @@ def test_run_check_fails_when_a_rank_dies(tiny_model, tiny_data, tmp_path):
 
 
 def test_nvme_cleanup_check_fails_when_the_swap_folder_stays(tiny_model, tiny_data, tmp_path):
-    from launcher.host import aio_usable
-    from launcher.rundir import swap_dir
+    from launcher.inspection.host import aio_usable
+    from launcher.job.rundir import swap_dir
 
     if not aio_usable():
         pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev")

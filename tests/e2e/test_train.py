@@ -53,7 +53,7 @@ def test_zero3_optimizer_and_params_on_cpu_then_export_and_reload(tiny_model, ti
 
 
 def test_zero3_optimizer_and_params_on_nvme(tiny_model, tiny_data, tmp_path):
-    from launcher.host import aio_usable
+    from launcher.inspection.host import aio_usable
 
     if not aio_usable():
         pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")

@@ -41,7 +41,7 @@ def small_model(tiny_model):
 def test_strategy_on_one_gpu_within_prediction(small_model, tiny_data, tmp_path, stage, optimizer, param):
     extra = ["--zero-stage", stage, "--offload-optimizer", optimizer, "--offload-param", param, "--steps", "4"]
     if "nvme" in (optimizer, param):
-        from launcher.host import aio_usable
+        from launcher.inspection.host import aio_usable
 
         if not aio_usable():
             pytest.skip("DeepSpeed async_io needs libaio-dev")

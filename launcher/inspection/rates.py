@@ -1,0 +1,313 @@
+"""`offload-launch probe`: measure the rates the step-time model needs, cache them, and resolve the rates a
+plan uses (measured > described > nominal, and the plan says which).
+
+Measured here: CPU memory bandwidth (numpy copy), bf16 matmul FLOP/s on the CPU (the CPU accelerator's
+compute), DeepSpeedCPUAdam throughput, host<->device copies pinned and pageable per direction (with a GPU),
+and NVMe sequential read/write through DeepSpeed's own async_io handle with a short sweep of aio settings
+(in the spirit of DeepSpeed's ds_nvme_tune, written with the current key names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from launcher.files import write_json_atomic
+from launcher.inspection.host import HostProfile
+from launcher.plan.timing import MFU, Rates
+from launcher.units import GB
+
+# Nominal figures, used when neither a measurement nor the host description gives one.
+NOMINAL_CPU_MEMORY_BANDWIDTH = 80 * GB  # B/s; the seeds' CPU-Adam example ("80 GB/s DRAM bandwidth")
+NOMINAL_NVME_READ = 7 * GB  # B/s; the seeds' tier table: PCIe 4.0 x4 NVMe ~7 GB/s
+NOMINAL_NVME_WRITE = 5 * GB  # B/s; PCIe 4.0 x4 drives' sequential-write datasheets (~5 GB/s)
+NOMINAL_CPU_FLOPS_PER_CORE = 25e9  # useful bf16 FLOP/s per core for the CPU accelerator (AVX-512 class)
+NOMINAL_GPU_TFLOPS = 100.0  # peak dense bf16/fp16 TFLOP/s of an unknown GPU
+CPU_ADAM_BYTES_PER_PARAM = 12  # [seeds-A] CPU-Adam streams 12 B/param of fp32 state: params/s = bandwidth / 12
+# Peak dense bf16 (fp16 for pre-Ampere) TFLOP/s from the vendors' datasheets, for GPUs NVML names.
+GPU_PEAK_TFLOPS = {
+    "H200": 989,
+    "H100": 989,
+    "A100": 312,
+    "L40S": 362,
+    "L40": 181,
+    "A10": 125,
+    "L4": 121,
+    "A6000": 155,
+    "RTX 4090": 165,
+    "RTX 3090": 71,
+    "V100": 125,
+    "T4": 65,
+}
+CPU_MATMUL_WIDTHS = (64, 128, 256, 512, 1024)  # hidden sizes the CPU accelerator's rate is probed at
+AIO_SWEEP = (  # (block_size, queue_depth, intra_op_parallelism)
+    (1 << 20, 8, 1),
+    (1 << 20, 32, 1),
+    (1 << 18, 32, 1),
+    (1 << 20, 32, 2),
+    (1 << 20, 64, 4),
+)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    host_id: str
+    date: str  # ISO 8601, UTC
+    figures: dict  # name -> value (bytes/s, params/s, FLOP/s)
+    aio: dict = field(default_factory=dict)  # the best aio section found, DeepSpeed's key names
+    details: dict = field(default_factory=dict)  # threads, sizes, every sweep point
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def host_id() -> str:
+    """Hostname, CPU model, core count, RAM and GPU names: a new machine (or a changed one) re-probes."""
+    import psutil
+
+    gpus = ""
+    with contextlib.suppress(Exception):  # no NVIDIA driver: no GPUs in the identity
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpus = ",".join(
+            str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        )
+        pynvml.nvmlShutdown()
+    identity = "|".join(
+        [platform.node(), platform.processor(), str(os.cpu_count()), str(psutil.virtual_memory().total), gpus]
+    )
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def cache_path(tool_cache_dir: Path) -> Path:
+    return tool_cache_dir / "probe.json"
+
+
+def load_cached(path: Path, current_host_id: str) -> ProbeResult | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("host_id") != current_host_id:
+        return None
+    return ProbeResult(**data)
+
+
+def save(result: ProbeResult, path: Path) -> None:
+    write_json_atomic(path, result.to_json())
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+def _best_seconds(action: Callable[[], None], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_cpu_memory_bandwidth(size_bytes: int, repeats: int = 5) -> float:
+    """B/s of a large numpy copy (reads + writes both counted, as CPU-Adam's streaming does)."""
+    import numpy as np
+
+    src = np.ones(size_bytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    return 2 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats)
+
+
+def measure_cpu_flops(width: int, tokens: int = 1024, repeats: int = 3) -> float:
+    """Useful bf16 FLOP/s of a (tokens x width) @ (width x width) product on the CPU (2·m·k·n FLOPs): the
+    shape of a small model's linear layers, which is what the CPU accelerator spends a step on. (On CPUs
+    without native bf16 the rate depends strongly on the shape; square 1024 products run 3x slower here.)"""
+    import torch
+
+    a = torch.randn(tokens, width, dtype=torch.bfloat16)
+    b = torch.randn(width, width, dtype=torch.bfloat16)
+    torch.matmul(a, b)  # warm-up
+    return 2 * tokens * width * width / _best_seconds(lambda: torch.matmul(a, b), repeats)
+
+
+def measure_cpu_adam(numel: int, repeats: int = 3) -> tuple[float, int]:
+    """(params/s, threads) of DeepSpeedCPUAdam stepping one fp32 tensor of `numel` elements."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    param = torch.nn.Parameter(torch.zeros(numel, dtype=torch.float32))
+    param.grad = torch.randn(numel, dtype=torch.float32) * 1e-3
+    optimizer = DeepSpeedCPUAdam([param], lr=1e-4, adamw_mode=True)
+    optimizer.step()  # warm-up: allocates the state
+    return numel / _best_seconds(optimizer.step, repeats), torch.get_num_threads()
+
+
+def measure_pcie(size_bytes: int, repeats: int = 5) -> dict:
+    """B/s host->device and device->host, pinned and pageable (needs a CUDA GPU)."""
+    import torch
+
+    device = torch.empty(size_bytes, dtype=torch.uint8, device="cuda")
+    out = {}
+    for kind, host in (
+        ("pinned", torch.empty(size_bytes, dtype=torch.uint8).pin_memory()),
+        ("pageable", torch.empty(size_bytes, dtype=torch.uint8)),
+    ):
+        for direction, (dst, src) in (("h2d", (device, host)), ("d2h", (host, device))):
+
+            def copy(dst=dst, src=src):
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize()
+
+            copy()
+            out[f"pcie_{kind}_{direction}_bytes_per_s"] = size_bytes / _best_seconds(copy, repeats)
+    return out
+
+
+def measure_nvme(path: str, size_bytes: int, sweep=AIO_SWEEP) -> tuple[dict, dict, list]:
+    """Sequential read/write B/s through DeepSpeed's async_io handle, best over `sweep`."""
+    import torch
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    aio = AsyncIOBuilder().load(verbose=False)
+    folder = Path(path) / f"offload-launch-probe-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = str(folder / "probe.bin")
+    buffer = torch.ones(size_bytes, dtype=torch.uint8)
+    points = []
+    try:
+        for block_size, queue_depth, threads in sweep:
+            handle = aio.aio_handle(block_size, queue_depth, False, True, threads)
+            write = size_bytes / _best_seconds(lambda h=handle: h.sync_pwrite(buffer, target), 2)
+            read = size_bytes / _best_seconds(lambda h=handle: h.sync_pread(buffer, target), 2)
+            points.append(
+                {
+                    "block_size": block_size,
+                    "queue_depth": queue_depth,
+                    "intra_op_parallelism": threads,
+                    "read_bytes_per_s": read,
+                    "write_bytes_per_s": write,
+                }
+            )
+    finally:
+        for leftover in folder.glob("*"):
+            leftover.unlink()
+        folder.rmdir()
+    best = max(points, key=lambda p: p["read_bytes_per_s"] + p["write_bytes_per_s"])
+    aio_section = {
+        "block_size": best["block_size"],
+        "queue_depth": best["queue_depth"],
+        "intra_op_parallelism": best["intra_op_parallelism"],
+        "single_submit": False,
+        "overlap_events": True,
+        "use_gds": False,
+    }
+    figures = {"nvme_read_bytes_per_s": best["read_bytes_per_s"], "nvme_write_bytes_per_s": best["write_bytes_per_s"]}
+    return figures, aio_section, points
+
+
+def run_probe(nvme_path: str | None, *, quick: bool, has_gpu: bool, log: Callable[[str], None]) -> ProbeResult:
+    """Measure everything this host has, in bounded time (quick: seconds, for tests)."""
+    figures: dict = {}
+    details: dict = {"quick": quick}
+    log("CPU memory bandwidth ...")
+    figures["cpu_memory_bandwidth_bytes_per_s"] = measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20)
+    log("CPU bf16 matmul ...")
+    widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
+    by_width = {str(width): measure_cpu_flops(width) for width in widths}
+    figures["cpu_flops_per_s"] = max(by_width.values())
+    details["cpu_flops_per_s_by_width"] = by_width
+    log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")
+    params_per_s, threads = measure_cpu_adam(1 << 20 if quick else 32 << 20)
+    figures["cpu_adam_params_per_s"] = params_per_s
+    details["cpu_adam_threads"] = threads
+    aio_section: dict = {}
+    if has_gpu:
+        log("host<->device copies ...")
+        figures.update(measure_pcie(64 << 20 if quick else 512 << 20))
+    if nvme_path:
+        log(f"NVMe through async_io in {nvme_path} ...")
+        sweep = AIO_SWEEP[:2] if quick else AIO_SWEEP
+        nvme_figures, aio_section, points = measure_nvme(nvme_path, 16 << 20 if quick else 512 << 20, sweep)
+        figures.update(nvme_figures)
+        details["aio_sweep"] = points
+        details["nvme_path"] = nvme_path
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return ProbeResult(host_id=host_id(), date=date, figures=figures, aio=aio_section, details=details)
+
+
+# ------------------------------------------------------------------------------------------ resolving
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    for key, tflops in sorted(GPU_PEAK_TFLOPS.items(), key=lambda item: -len(item[0])):
+        if key.lower() in name.lower():
+            return float(tflops)
+    return None
+
+
+def cpu_flops_for_width(probe: ProbeResult, width: int) -> float | None:
+    """The probed bf16 matmul rate at the probed width nearest (in ratio) to the model's hidden size:
+    without native bf16 a CPU's rate swings several-fold with the shape."""
+    by_width = {int(k): v for k, v in probe.details.get("cpu_flops_per_s_by_width", {}).items()}
+    if not by_width:
+        return None
+    nearest = min(by_width, key=lambda w: abs(math.log(w / width)))
+    return by_width[nearest]
+
+
+def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | None = None) -> Rates:
+    """Measured figures (a probe of this very host) win, then the host description, then nominal ones.
+    `width` (the model's hidden size) picks the CPU accelerator's matmul rate at the nearest probed shape."""
+    measured = dict(probe.figures) if probe else {}
+    if probe and width and (rate := cpu_flops_for_width(probe, width)):
+        measured["cpu_flops_per_s"] = rate
+    sources: dict = {}
+
+    def pick(name: str, described: float | None, nominal: float) -> float:
+        if name in measured:
+            sources[name] = "measured"
+            return float(measured[name])
+        if described:
+            sources[name] = "described" if host.source != "live" else "detected"
+            return float(described)
+        sources[name] = "nominal"
+        return float(nominal)
+
+    if host.has_gpu:
+        peak = host.gpus.tflops or gpu_peak_tflops(host.gpus.name)
+        sources["gpu_tflops"] = ("described" if host.gpus.tflops else "datasheet") if peak else "nominal"
+        compute = (peak or NOMINAL_GPU_TFLOPS) * 1e12 * MFU
+    else:
+        compute = pick("cpu_flops_per_s", None, NOMINAL_CPU_FLOPS_PER_CORE * host.cpu_cores / host.ranks_per_node)
+    pcie_measured = measured.get("pcie_pinned_h2d_bytes_per_s")
+    if pcie_measured:
+        pcie = min(pcie_measured, measured.get("pcie_pinned_d2h_bytes_per_s", pcie_measured))
+        sources["pcie_bytes_per_s"] = "measured"
+    else:
+        pcie = host.pcie_bytes_per_s
+        sources["pcie_bytes_per_s"] = "described" if host.pcie_bandwidth_bytes_per_s else "nominal"
+    bandwidth = pick(
+        "cpu_memory_bandwidth_bytes_per_s", host.cpu_memory_bandwidth_bytes_per_s, NOMINAL_CPU_MEMORY_BANDWIDTH
+    )
+    adam = pick("cpu_adam_params_per_s", host.cpu_adam_params_per_s, bandwidth / CPU_ADAM_BYTES_PER_PARAM)
+    nvme = host.nvme
+    read = pick("nvme_read_bytes_per_s", nvme.read_bytes_per_s if nvme else None, NOMINAL_NVME_READ)
+    write = pick("nvme_write_bytes_per_s", nvme.write_bytes_per_s if nvme else None, NOMINAL_NVME_WRITE)
+    return Rates(
+        compute_flops_per_s=compute,
+        pcie_bytes_per_s=pcie,
+        cpu_adam_params_per_s=adam,
+        nvme_read_bytes_per_s=read,
+        nvme_write_bytes_per_s=write,
+        sources=sources,
+    )

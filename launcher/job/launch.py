@@ -1,0 +1,163 @@
+"""Start DeepSpeed's own launcher on the per-rank entry point (`launcher.rank`).
+
+`build_command()` is pure - (argv, env) from a LaunchSpec, asserted on by the tests and printed by
+`--dry-run`; `run()` is the only place a process starts: it owns the process group, forwards Ctrl-C and
+SIGTERM to every rank, and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENTRY_MODULE = "launcher.rank"
+STOP_GRACE_SECONDS = 30
+TIMEOUT_EXIT = 124  # as coreutils' timeout(1)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    run_spec_path: str  # OUT/run_spec.json, read by every rank
+    ranks_per_node: int
+    accelerator: str  # "cuda" | "cpu"
+    cpu_cores: int  # per node
+    master_port: int
+    hostfile: str | None = None
+    launcher: str = "pdsh"
+    master_addr: str | None = None
+    bind_cores: bool = False
+    extra_args: tuple[str, ...] = ()  # after `--`, for DeepSpeed's launcher
+    python: str = sys.executable
+
+    @property
+    def threads_per_rank(self) -> int:
+        """Each rank gets an equal share of the node's cores for torch and CPU-Adam (OMP_NUM_THREADS)."""
+        return max(1, self.cpu_cores // self.ranks_per_node)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment additions) for `python -m deepspeed.launcher.runner ... --module launcher.rank`."""
+    argv = [spec.python, "-m", "deepspeed.launcher.runner"]
+    if spec.hostfile:
+        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher]
+    else:
+        argv += ["--num_nodes", "1"]
+    argv += ["--num_gpus", str(spec.ranks_per_node), "--master_port", str(spec.master_port)]
+    if spec.master_addr:
+        argv += ["--master_addr", spec.master_addr]
+    if spec.bind_cores:
+        argv += ["--bind_cores_to_rank"]
+    argv += list(spec.extra_args)
+    argv += ["--no_local_rank", "--module", ENTRY_MODULE, "--run-spec", spec.run_spec_path]
+
+    env = {
+        "OMP_NUM_THREADS": str(spec.threads_per_rank),
+        "TOKENIZERS_PARALLELISM": "false",  # ranks are already parallel; avoids fork warnings
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    return argv, env
+
+
+def format_command(argv: list[str], env: dict[str, str]) -> str:
+    """The exact shell line `--dry-run` prints."""
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return f"{assignments} {shlex.join(argv)}"
+
+
+@dataclass
+class _Forwarder:
+    """Forwards SIGINT/SIGTERM to the launcher's process group; a second signal kills it outright."""
+
+    process: subprocess.Popen
+    received: list[int] = field(default_factory=list)
+
+    def __call__(self, signum, _frame) -> None:
+        self.received.append(signum)
+        sig = signal.SIGTERM if len(self.received) == 1 else signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+
+def run(
+    argv: list[str],
+    env: dict[str, str],
+    base_env: dict[str, str],
+    *,
+    timeout: float | None = None,
+    stdout_to_stderr: bool = False,
+) -> int:
+    """Start the launcher in its own process group and wait. Ctrl-C / SIGTERM stop every rank; so does
+    `timeout` (seconds), after which the exit code is TIMEOUT_EXIT. `stdout_to_stderr` keeps the ranks'
+    output off stdout (for --json, whose stdout is one object)."""
+    process = subprocess.Popen(
+        argv, env={**base_env, **env}, start_new_session=True, stdout=sys.stderr if stdout_to_stderr else None
+    )
+    forwarder = _Forwarder(process)
+    previous = {sig: signal.signal(sig, forwarder) for sig in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+    grace_ends = None  # when the first signal (or the time bound) has waited long enough for SIGTERM
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=1.0)  # short slices: a signal handled meanwhile is seen at once
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if deadline is not None and not forwarder.received and now >= deadline:
+                timed_out = True  # the time bound ran out: stop every rank as Ctrl-C would
+                forwarder(signal.SIGTERM, None)
+            if forwarder.received and grace_ends is None:
+                grace_ends = now + STOP_GRACE_SECONDS
+            if grace_ends is not None and now >= grace_ends:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # No rank outlives the launcher (DeepSpeed's runner can exit before its children on errors).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        remove_shm_buffers(argv)
+    if timed_out:
+        return TIMEOUT_EXIT
+    if forwarder.received:
+        return 128 + forwarder.received[0]
+    return code if code >= 0 else 128 - code
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_buffers(argv: list[str]) -> list[Path]:
+    """Remove the shared-memory allreduce buffers this run's ranks left on this machine. DeepSpeed's CPU
+    communication (csrc/cpu/comm/shm.cpp) maps one 66 MiB file per rank, named
+    deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, and never unlinks it: every run on the CPU
+    accelerator leaked 66 MiB of RAM per rank (/dev/shm is memory) until the test suite ran out of it."""
+    if "--master_port" not in argv:
+        return []
+    port = argv[argv.index("--master_port") + 1]
+    removed = []
+    for buffer in SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+        with contextlib.suppress(OSError):
+            buffer.unlink()
+            removed.append(buffer)
+    return removed

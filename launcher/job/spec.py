@@ -1,0 +1,53 @@
+"""The run spec: the contract between the `offload-launch` process and the training ranks.
+
+The CLI side (`launcher.job.prepare`) writes OUT/run_spec.json; every rank (`launcher.rank`) reads it. It
+holds paths, steps and seeds, never a plan: the ranks know nothing about planning, so a user can also start
+them under their own launcher with a run_spec.json of their own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from launcher.files import write_json_atomic
+
+RUN_SPEC_FILE = "run_spec.json"
+WARMUP_STEPS_EXCLUDED = 1  # the first optimizer step pays JIT/allocator warm-up; medians skip it
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    output_dir: str
+    model: str
+    data: str
+    seq_len: int
+    steps: int
+    tokenizer: str | None = None
+    text_field: str = "text"
+    seed: int = 0
+    save_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 2
+    resume: bool = True
+    trust_remote_code: bool = False
+    activation_checkpointing: bool = True
+    nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
+    smoke: bool = False  # run the smoke checks (launcher/smoke.py) instead of a training run
+    smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts
+    predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        write_json_atomic(Path(path), asdict(self))
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"

@@ -1,0 +1,501 @@
+"""The decision framework: enumerate strategies fastest-first, size and time each, pick the fastest
+predicted that fits (ties keep the framework's order).
+
+Pure: same (model, host, workload) in, same Plan out; no processes, no files, no environment.
+
+The order is the seeds' decision framework ("CPU & NVMe Offloading", §5) refined by ZeRO stage:
+no offload (ZeRO-1, -2, -3) -> optimizer on CPU (ZeRO-Offload) -> parameters on CPU too -> optimizer on
+NVMe -> everything on NVMe (ZeRO-Infinity). Each step down trades step time for capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from launcher.errors import UserInputError
+from launcher.inspection.host import HostProfile
+from launcher.inspection.model import ModelProfile
+from launcher.plan import memory, timing
+from launcher.plan.memory import Buckets, MemoryEstimate, ModelShape, Strategy
+from launcher.plan.timing import Rates, StepEstimate
+from launcher.units import fmt_bytes
+
+DEFAULT_SEQ_LEN = 2048
+OFFLOAD_CHOICES = ("auto", "none", "cpu", "nvme")
+PRECISIONS = ("auto", "bf16", "fp16")
+
+# Fastest to slowest ([seeds] decision framework). ZeRO-1 + CPU offload is reachable only when pinned.
+CANDIDATE_ORDER: tuple[Strategy, ...] = (
+    Strategy(1),
+    Strategy(2),
+    Strategy(3),
+    Strategy(1, "cpu"),
+    Strategy(2, "cpu"),
+    Strategy(3, "cpu"),
+    Strategy(3, "cpu", "cpu"),
+    Strategy(3, "nvme"),
+    Strategy(3, "nvme", "cpu"),
+    Strategy(3, "cpu", "nvme"),
+    Strategy(3, "nvme", "nvme"),
+)
+
+# DeepSpeed defaults for the swap machinery (offload_config.py), kept unless the host calls for less.
+DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
+OPTIMIZER_BUFFER_COUNT = 4  # FIELD-NOTES: >= number of Adam states (param, m, v, grad)
+PARAM_BUFFER_COUNT = 5
+MAX_IN_CPU = 1_000_000_000
+AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/constants.py: swap partitions align to 1 KiB
+SWAP_BUFFER_RAM_FRACTION = 0.10  # at most this share of a node's RAM for the optimizer swap buffers
+OVERHEAD_TARGET = 0.10  # batch advice aims to bring the offload overhead under this share of the step
+MAX_ADVISED_ACCUMULATION = 4096
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the user wants to run. `seq_len=None` means the model's maximum, capped at 2048."""
+
+    seq_len: int | None = None
+    micro_batch: int = 1
+    grad_accum: int = 1
+    precision: str = "auto"
+    activation_checkpointing: bool = True
+    num_gpus: int | None = None  # ranks per node; None = every GPU (1 rank on the CPU accelerator)
+    zero_stage: str = "auto"  # "auto" | "1" | "2" | "3"
+    offload_optimizer: str = "auto"
+    offload_param: str = "auto"
+    nvme_path: str | None = None
+    lr: float = 2e-5
+    warmup_steps: int = 10
+    steps: int = 100
+    gradient_clipping: float = 1.0
+    weight_decay: float = 0.0
+    allow_long_seq: bool = False
+
+    def __post_init__(self) -> None:
+        errors = []
+        for flag, value in (
+            ("--micro-batch", self.micro_batch),
+            ("--grad-accum", self.grad_accum),
+            ("--steps", self.steps),
+        ):
+            if value < 1:
+                errors.append(f"{flag} must be at least 1, got {value}")
+        if self.seq_len is not None and self.seq_len < 1:
+            errors.append(f"--seq-len must be at least 1, got {self.seq_len}")
+        if self.num_gpus is not None and self.num_gpus < 1:
+            errors.append(f"--num-gpus must be at least 1, got {self.num_gpus}")
+        if self.warmup_steps < 0:
+            errors.append(f"--warmup-steps must not be negative, got {self.warmup_steps}")
+        if not self.lr > 0:
+            errors.append(f"--lr must be positive, got {self.lr}")
+        if self.precision not in PRECISIONS:
+            errors.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision}")
+        if self.zero_stage not in ("auto", "1", "2", "3"):
+            errors.append(f"--zero-stage must be auto, 1, 2 or 3, got {self.zero_stage}")
+        for flag, value in (("--offload-optimizer", self.offload_optimizer), ("--offload-param", self.offload_param)):
+            if value not in OFFLOAD_CHOICES:
+                errors.append(f"{flag} must be one of {', '.join(OFFLOAD_CHOICES)}, got {value}")
+        if self.zero_stage in ("1", "2") and self.offload_param in ("cpu", "nvme"):
+            errors.append(
+                f"--offload-param {self.offload_param} needs ZeRO-3 (parameters are only partitioned at stage 3); "
+                f"drop --zero-stage {self.zero_stage} or use --offload-param none"
+            )
+        if self.zero_stage in ("1", "2") and self.offload_optimizer == "nvme":
+            errors.append(
+                f"--offload-optimizer nvme is supported by DeepSpeed with ZeRO-3 only; drop --zero-stage "
+                f"{self.zero_stage} or use --offload-optimizer cpu"
+            )
+        if errors:
+            raise UserInputError("; ".join(errors))
+
+    def allows(self, strategy: Strategy) -> bool:
+        """Whether `strategy` respects the pinned parts of the choice."""
+        if self.zero_stage != "auto" and strategy.zero_stage != int(self.zero_stage):
+            return False
+        if self.offload_optimizer != "auto" and strategy.offload_optimizer != self.offload_optimizer:
+            return False
+        if self.offload_param != "auto" and strategy.offload_param != self.offload_param:
+            return False
+        # ZeRO-1 with offload only when the user asked for stage 1: ZeRO-2 + offload dominates it.
+        return not (strategy.zero_stage == 1 and strategy.offloads and self.zero_stage != "1")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: Strategy
+    buckets: Buckets
+    memory: MemoryEstimate
+    problems: tuple[str, ...]  # why it does not fit (empty when it fits)
+    timing: StepEstimate
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {
+            **self.strategy.to_json(),
+            "label": self.strategy.label,
+            "fits": self.fits,
+            "problems": list(self.problems),
+            **self.memory.to_json(),
+            "estimates": self.timing.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelProfile
+    host: HostProfile
+    workload: Workload  # resolved: seq_len filled in
+    precision: str  # "bf16" | "fp16"
+    ranks_per_node: int
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate | None
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+    pin_memory: bool
+    rates: Rates
+    advice: dict | None = None  # batch advice when offload dominates the step
+    aio: dict | None = None  # the aio settings a probe found best on this host (None: template defaults)
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks_per_node * self.host.nodes
+
+    @property
+    def train_batch_size(self) -> int:
+        """DeepSpeed's invariant: train_batch_size = micro x accumulation x world."""
+        return self.workload.micro_batch * self.workload.grad_accum * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train_batch_size * (self.workload.seq_len or 0)
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+
+def usable_gpu_bytes(host: HostProfile) -> int:
+    return int(host.gpus.memory_bytes * memory.GPU_USABLE_FRACTION)
+
+
+def usable_cpu_bytes(host: HostProfile) -> int:
+    return int(min(host.cpu_memory_available_bytes, host.cpu_memory_bytes) * memory.CPU_USABLE_FRACTION)
+
+
+def usable_nvme_bytes(host: HostProfile) -> int:
+    return int(host.nvme.free_bytes * memory.NVME_USABLE_FRACTION) if host.nvme else 0
+
+
+def fit_problems(strategy: Strategy, estimate: MemoryEstimate, host: HostProfile) -> tuple[str, ...]:
+    problems = []
+    if host.has_gpu and estimate.gpu_bytes_per_device > usable_gpu_bytes(host):
+        problems.append(
+            f"GPU needs {fmt_bytes(estimate.gpu_bytes_per_device)} per device > "
+            f"{fmt_bytes(usable_gpu_bytes(host))} usable"
+        )
+    if estimate.cpu_bytes > usable_cpu_bytes(host):
+        problems.append(f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} > {fmt_bytes(usable_cpu_bytes(host))} usable")
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
+        if host.nvme is None:
+            problems.append("no NVMe: pass --nvme-path DIR")
+        elif estimate.nvme_bytes > usable_nvme_bytes(host):
+            problems.append(f"NVMe needs {fmt_bytes(estimate.nvme_bytes)} > {fmt_bytes(usable_nvme_bytes(host))} free")
+    return tuple(problems)
+
+
+# ------------------------------------------------------------------------------------------ sizing
+
+
+def aligned_partition_numel(numel: int, world: int) -> int:
+    """A tensor's per-rank ZeRO-3 partition as the swapper sees it: ceil(numel / N), rounded up to the
+    aio alignment (1 KiB = 512 fp16 elements) - what offload_param.buffer_size must hold (DeepSpeed issue
+    3506, "More elements N than buffer size")."""
+    alignment = AIO_ALIGNED_BYTES // memory.BYTES_16BIT
+    partition = -(-numel // world)
+    return -(-partition // alignment) * alignment
+
+
+def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, world: int, ranks: int) -> Buckets:
+    """Integer bucket sizes from the hidden size, by Hugging Face's "auto" conventions
+    (transformers integrations/deepspeed.py: reduce = h², prefetch = 0.9·h², persistence = 10·h)."""
+    h = model.hidden_size
+    sub_group = DEFAULT_SUB_GROUP_SIZE
+    if strategy.offload_optimizer == "nvme":
+        # Optimizer swap buffers pin (buffer_count + 1) x largest sub-group x 4 B per rank [DS-swap], and a
+        # sub-group can overshoot sub_group_size by one partition: cap the buffers at a tenth of the node's
+        # RAM, never below 10M elements.
+        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((OPTIMIZER_BUFFER_COUNT + 1) * 4)
+        overshoot = -(-model.largest_param_numel // world)
+        sub_group = int(min(DEFAULT_SUB_GROUP_SIZE, max(10_000_000, budget_numel - overshoot)))
+    return Buckets(
+        reduce_bucket_size=h * h,
+        allgather_bucket_size=h * h,
+        prefetch_bucket_size=int(0.9 * h * h),
+        param_persistence_threshold=10 * h,
+        sub_group_size=sub_group,
+        optimizer_buffer_count=OPTIMIZER_BUFFER_COUNT,
+        param_buffer_count=PARAM_BUFFER_COUNT,
+        param_buffer_size=max(DEFAULT_PARAM_BUFFER_SIZE, aligned_partition_numel(model.largest_param_numel, world)),
+        max_in_cpu=MAX_IN_CPU,
+    )
+
+
+def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
+    return ModelShape(
+        params=model.params,
+        largest_param_numel=model.largest_param_numel,
+        layer_params=model.layer_params,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        vocab_size=model.vocab_size,
+        persistent_params=model.params_below(buckets.param_persistence_threshold),
+    )
+
+
+def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
+    """What pin_memory would page-lock per process: the offloaded CPU state and the swap buffers."""
+    per_node = sum(
+        v
+        for k, v in candidate.memory.cpu_terms.items()
+        if k not in ("process baseline", "model load peak (transient)", "device memory (CPU accelerator)")
+    )
+    return per_node // ranks
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+def resolve_precision(requested: str, host: HostProfile) -> str:
+    if requested == "auto":
+        return "bf16" if (not host.has_gpu or host.gpus.bf16) else "fp16"
+    if requested == "bf16" and host.has_gpu and not host.gpus.bf16:
+        cc = ".".join(map(str, host.gpus.compute_capability))
+        raise UserInputError(f"--precision bf16: {host.gpus.name} (compute capability {cc}) has no bf16; use fp16")
+    if requested == "fp16" and not host.has_gpu:
+        raise UserInputError("--precision fp16 is not supported by DeepSpeed's CPU accelerator; use bf16")
+    return requested
+
+
+def resolve_seq_len(workload: Workload, model: ModelProfile) -> int:
+    limit = model.max_position_embeddings or DEFAULT_SEQ_LEN
+    if workload.seq_len is None:
+        return min(DEFAULT_SEQ_LEN, limit)
+    if workload.seq_len > limit and not workload.allow_long_seq:
+        raise UserInputError(
+            f"--seq-len {workload.seq_len} exceeds {model.name}'s max_position_embeddings {limit}; "
+            f"use at most {limit}, or add --allow-long-seq if you extended the context yourself"
+        )
+    return workload.seq_len
+
+
+def resolve_ranks(workload: Workload, host: HostProfile) -> int:
+    if workload.num_gpus is None:
+        return host.ranks_per_node
+    if host.has_gpu and workload.num_gpus > host.gpus.count:
+        raise UserInputError(f"--num-gpus {workload.num_gpus}, but the host has {host.gpus.count} GPU(s) per node")
+    return workload.num_gpus
+
+
+def estimate_candidate(
+    model,
+    host,
+    workload: Workload,
+    strategy: Strategy,
+    rates: Rates,
+    world: int,
+    ranks: int,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+) -> Candidate:
+    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice)."""
+    micro_batch = micro_batch or workload.micro_batch
+    grad_accum = grad_accum or workload.grad_accum
+    buckets = size_buckets(model, host, strategy, world, ranks)
+    estimate = memory.estimate(
+        model_shape(model, buckets),
+        strategy,
+        buckets,
+        world=world,
+        ranks_per_node=ranks,
+        seq_len=workload.seq_len,
+        micro_batch=micro_batch,
+        checkpointing=workload.activation_checkpointing,
+        has_gpu=host.has_gpu,
+    )
+    step = timing.estimate_step(
+        model.params,
+        strategy,
+        rates,
+        world=world,
+        ranks_per_node=ranks,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        seq_len=workload.seq_len,
+        recompute=workload.activation_checkpointing,
+        has_gpu=host.has_gpu,
+        compute_params=model.compute_params,
+    )
+    return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
+
+
+def make_plan(
+    model: ModelProfile, host: HostProfile, workload: Workload, rates: Rates | None = None, aio: dict | None = None
+) -> Plan:
+    """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
+    framework's order). `rates` default to the host's described or nominal figures."""
+    if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
+        raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
+    if rates is None:
+        from launcher.inspection.rates import resolve_rates
+
+        rates = resolve_rates(host, None)
+    precision = resolve_precision(workload.precision, host)
+    workload = replace(workload, seq_len=resolve_seq_len(workload, model))
+    ranks = resolve_ranks(workload, host)
+    world = ranks * host.nodes
+
+    candidates = [
+        estimate_candidate(model, host, workload, strategy, rates, world, ranks)
+        for strategy in CANDIDATE_ORDER
+        if workload.allows(strategy)
+    ]
+    fitting = [c for c in candidates if c.fits]
+    ranked = sorted(fitting, key=lambda c: (round(c.timing.step_seconds, 9), candidates.index(c)))
+    chosen = ranked[0] if ranked else None
+    reasons, warnings = _explain(candidates, chosen, host, world, model.params)
+    if len(ranked) > 1:
+        runner_up = ranked[1]
+        slower = runner_up.timing.step_seconds / chosen.timing.step_seconds - 1
+        reasons.append(
+            f"runner-up {runner_up.strategy.label} would take {runner_up.timing.step_seconds:.3g} s/step "
+            f"({slower:+.0%}, {runner_up.timing.tokens_per_s:,.0f} tokens/s)"
+        )
+    pin = True
+    advice = None
+    if chosen is not None:
+        pin, pin_warning = decide_pin_memory(chosen, host, ranks)
+        warnings += pin_warning
+        advice = batch_advice(model, host, workload, chosen, rates, world, ranks)
+    return Plan(
+        model,
+        host,
+        workload,
+        precision,
+        ranks,
+        tuple(candidates),
+        chosen,
+        tuple(reasons),
+        tuple(warnings),
+        pin,
+        rates,
+        advice,
+        aio,
+    )
+
+
+def batch_advice(
+    model, host, workload: Workload, chosen: Candidate, rates: Rates, world: int, ranks: int
+) -> dict | None:
+    """When offload dominates (seeds: "the batch size decides"), the accumulation - and the micro-batch,
+    if memory allows - that brings the offload overhead under 10 %, with tokens/s either way."""
+    overhead = chosen.timing.offload_overhead_fraction
+    if overhead <= OVERHEAD_TARGET:
+        return None
+    advice: dict = {
+        "offload_overhead_fraction": overhead,
+        "tokens_per_s": chosen.timing.tokens_per_s,
+        "target_overhead_fraction": OVERHEAD_TARGET,
+    }
+
+    def first_under_target(name: str, start: int, limit: int) -> dict | None:
+        """Double one knob from its current value, up to `limit`, until the overhead is under the target
+        (None when it never gets there, or when the batch stops fitting in memory)."""
+        value = start * 2
+        while value <= limit:
+            trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, **{name: value})
+            if not trial.fits:
+                return None
+            if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
+                return {
+                    "value": value,
+                    "tokens_per_s": trial.timing.tokens_per_s,
+                    "offload_overhead_fraction": trial.timing.offload_overhead_fraction,
+                }
+            value *= 2
+        return None
+
+    advice["grad_accum"] = first_under_target("grad_accum", workload.grad_accum, MAX_ADVISED_ACCUMULATION)
+    advice["micro_batch"] = first_under_target(
+        "micro_batch", workload.micro_batch, workload.micro_batch * MAX_ADVISED_ACCUMULATION
+    )
+    return advice
+
+
+def decide_pin_memory(chosen: Candidate, host: HostProfile, ranks: int) -> tuple[bool, list[str]]:
+    """pin_memory stays true (DeepSpeed's default since 0.19.5) unless RLIMIT_MEMLOCK cannot hold the pinned
+    buffers: then pinning fails at run time (FIELD-NOTES), so turn it off and say how to raise the limit."""
+    if not chosen.strategy.offloads:
+        return True, []
+    if not host.has_gpu:
+        return False, []  # the CPU accelerator has nothing to DMA; DeepSpeed's pin there is a no-op
+    need = pinned_bytes_per_rank(chosen, ranks)
+    if host.memlock_bytes is None or host.memlock_bytes >= need:
+        return True, []
+    return False, [
+        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of pinned offload buffers per rank: "
+        "pin_memory set to false (host<->GPU copies will be slower); raise it with `ulimit -l unlimited` "
+        "(or --ulimit memlock=-1 for docker) to pin"
+    ]
+
+
+def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[str], list[str]]:
+    reasons: list[str] = []
+    warnings: list[str] = []
+    device = "GPU" if host.has_gpu else "CPU-accelerator rank"
+    if not host.has_gpu:
+        reasons.append("no GPU: planning for DeepSpeed's CPU accelerator; device memory is CPU RAM")
+    for candidate in candidates:
+        if candidate is chosen:
+            break
+        if not candidate.fits:
+            reasons.append(f"{candidate.strategy.label} does not fit: {'; '.join(candidate.problems)}")
+    if chosen is None:
+        if not candidates:
+            reasons.append("no strategy matches the pinned --zero-stage/--offload-* combination")
+        return reasons, warnings
+    m = chosen.memory
+    where = [f"{fmt_bytes(m.gpu_bytes_per_device)} per {device}"]
+    if m.cpu_bytes:
+        where.append(f"{fmt_bytes(m.cpu_bytes)} CPU RAM per node")
+    if m.nvme_bytes:
+        where.append(f"{fmt_bytes(m.nvme_bytes)} NVMe per node")
+    t = chosen.timing
+    reasons.append(
+        f"chose {chosen.strategy.label}: the fastest predicted that fits ({', '.join(where)}; world size "
+        f"{world}; {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
+        f"{t.offload_overhead_fraction:.0%})"
+    )
+    if chosen.strategy.offload_optimizer != "none":
+        reasons.append(
+            "optimizer offloaded: ds_config uses AdamW so DeepSpeed builds DeepSpeedCPUAdam; "
+            f"PCIe moves >= 4 B/param per optimizer step ({fmt_bytes(4 * params)}, [seeds])"
+        )
+    if (
+        host.nvme
+        and host.nvme.is_nvme is False
+        and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param)
+    ):
+        warnings.append(f"{host.nvme.path} is not on an NVMe device: swapping will be slow")
+    if (
+        host.nvme
+        and host.nvme.aio_usable is False
+        and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param)
+    ):
+        warnings.append(
+            "DeepSpeed's async_io op is not usable (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL) before training"
+        )
+    return reasons, warnings

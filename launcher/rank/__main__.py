@@ -1,0 +1,7 @@
+"""`python -m launcher.rank --run-spec OUT/run_spec.json`: what DeepSpeed's launcher starts on every rank."""
+
+import sys
+
+from launcher.rank.trainer import main
+
+sys.exit(main())

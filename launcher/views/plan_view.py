@@ -1,0 +1,366 @@
+"""Render a Plan for people (text tables) and for programs (the `--json` contract, documented in README)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from launcher.plan import planner as planning
+from launcher.plan.planner import Plan
+from launcher.units import fmt_bytes, fmt_count
+
+JSON_SCHEMA_VERSION = 1
+
+if TYPE_CHECKING:  # rich is imported where it is used: plan_json and plan_text do not need it
+    from rich.console import Console, Group
+    from rich.table import Table
+    from rich.text import Text
+
+
+def plan_json(plan: Plan, ds_config: dict | None) -> dict:
+    """The stable `--json` object. Integers for bytes; strategy fields use DeepSpeed's vocabulary."""
+    chosen = plan.chosen
+    return {
+        "version": JSON_SCHEMA_VERSION,
+        "fits": chosen is not None,
+        "model": plan.model.to_json(),
+        "host": plan.host.to_json(),
+        "workload": {
+            "seq_len": plan.workload.seq_len,
+            "micro_batch": plan.workload.micro_batch,
+            "grad_accum": plan.workload.grad_accum,
+            "world_size": plan.world_size,
+            "ranks_per_node": plan.ranks_per_node,
+            "nodes": plan.host.nodes,
+            "train_batch_size": plan.train_batch_size,
+            "tokens_per_step": plan.tokens_per_step,
+            "precision": plan.precision,
+            "activation_checkpointing": plan.workload.activation_checkpointing,
+        },
+        "strategy": chosen.strategy.to_json() | {"label": chosen.strategy.label} if chosen else None,
+        "memory": chosen.memory.to_json() if chosen else None,
+        "capacity": {
+            "gpu_bytes_per_device": planning.usable_gpu_bytes(plan.host) if plan.host.has_gpu else None,
+            "cpu_bytes": planning.usable_cpu_bytes(plan.host),
+            "nvme_bytes": planning.usable_nvme_bytes(plan.host) if plan.host.nvme else None,
+        },
+        "estimates": chosen.timing.to_json() if chosen else None,
+        "rates": {
+            "compute_flops_per_s": plan.rates.compute_flops_per_s,
+            "pcie_bytes_per_s": plan.rates.pcie_bytes_per_s,
+            "cpu_adam_params_per_s": plan.rates.cpu_adam_params_per_s,
+            "nvme_read_bytes_per_s": plan.rates.nvme_read_bytes_per_s,
+            "nvme_write_bytes_per_s": plan.rates.nvme_write_bytes_per_s,
+            "sources": dict(plan.rates.sources),
+        },
+        "advice": plan.advice,
+        "candidates": [c.to_json() for c in plan.candidates],
+        "reasons": list(plan.reasons),
+        "warnings": list(plan.warnings),
+        "ds_config": ds_config,
+    }
+
+
+def _cell(n: int) -> str:
+    return fmt_bytes(n) if n else "-"
+
+
+def header_lines(plan: Plan) -> list[str]:
+    """Model, host and workload: what the plan was made for."""
+    m, h, w = plan.model, plan.host, plan.workload
+    lines = []
+    lines.append(f"Model     {m.name}  [{m.architecture}, {m.source} config]")
+    lines.append(
+        f"          {fmt_count(m.params)} params; largest tensor {m.largest_param_name} = "
+        f"{m.largest_param_numel:,}; {m.num_layers} layers, hidden {m.hidden_size}, vocab {m.vocab_size}"
+    )
+    if h.has_gpu:
+        gpus = f"{h.gpus.count} x {h.gpus.name} ({fmt_bytes(h.gpus.memory_bytes)})"
+        link = f"PCIe {h.pcie_generation or '?'} x{h.pcie_width or '?'} ~{h.pcie_bytes_per_s / 1e9:.0f} GB/s"
+    else:
+        gpus, link = "no GPU -> DeepSpeed CPU accelerator", "no PCIe transfers"
+    memlock = "unlimited" if h.memlock_bytes is None else fmt_bytes(h.memlock_bytes)
+    nodes = f"{h.nodes} nodes x " if h.nodes > 1 else ""
+    lines.append(f"Host      {nodes}{gpus}; {link}  [{h.source}]")
+    lines.append(
+        f"          RAM {fmt_bytes(h.cpu_memory_bytes)} ({fmt_bytes(h.cpu_memory_available_bytes)} available), "
+        f"{h.cpu_cores} cores, memlock {memlock}"
+        + (f", NVMe {h.nvme.path} {fmt_bytes(h.nvme.free_bytes)} free" if h.nvme else "")
+    )
+    lines.append(
+        f"Workload  seq {w.seq_len} x micro-batch {w.micro_batch} x accumulation {w.grad_accum} x world "
+        f"{plan.world_size} = {plan.tokens_per_step:,} tokens/step; {plan.precision}; activation "
+        f"checkpointing {'on' if w.activation_checkpointing else 'off'}"
+    )
+    return lines
+
+
+def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -> str:
+    h = plan.host
+    lines = header_lines(plan)
+    lines.append("")
+    usable_gpu = planning.usable_gpu_bytes(h) if h.has_gpu else None
+    usable_nvme = planning.usable_nvme_bytes(h) if h.nvme else None
+    gpu_head = "GPU/device" if h.has_gpu else "per rank*"
+    header = (
+        f"  {'strategy':<34}{gpu_head:>13}{'CPU/node':>13}{'NVMe/node':>13}  fits"
+        f"{'s/step':>10}{'tokens/s':>11}{'offload':>9}"
+    )
+    lines.append(
+        "Candidates (bytes needed; usable: "
+        f"GPU {fmt_bytes(usable_gpu) if usable_gpu else '-'}, "
+        f"CPU {fmt_bytes(planning.usable_cpu_bytes(h))}, "
+        f"NVMe {fmt_bytes(usable_nvme) if usable_nvme is not None else '-'})"
+    )
+    lines.append(header)
+    for c in plan.candidates:
+        mark = ">" if c is plan.chosen else " "
+        fits = "yes" if c.fits else "no"
+        t = c.timing
+        lines.append(
+            f"{mark} {c.strategy.label:<34}{_cell(c.memory.gpu_bytes_per_device):>13}"
+            f"{_cell(c.memory.cpu_bytes):>13}{_cell(c.memory.nvme_bytes):>13}  {fits:<4}"
+            f"{t.step_seconds:>10.3g}{t.tokens_per_s:>11,.0f}{t.offload_overhead_fraction:>9.0%}"
+        )
+    if not h.has_gpu:
+        lines.append("  * CPU accelerator: the per-rank device memory is CPU RAM and is included in CPU/node")
+    lines.append("")
+    if plan.chosen:
+        lines.append(f"Choice    {plan.chosen.strategy.label}")
+        lines.extend(memory_lines(plan))
+        lines.extend(time_lines(plan))
+    else:
+        lines.append("Choice    nothing fits this host")
+    lines.append("Why")
+    lines.extend(f"  - {r}" for r in plan.reasons)
+    lines.extend(advice_lines(plan))
+    if plan.warnings:
+        lines.append("Warnings")
+        lines.extend(f"  ! {warning}" for warning in plan.warnings)
+    if ds_config is not None and show_config:
+        lines.append("")
+        lines.append("ds_config")
+        lines.append(json.dumps(ds_config, indent=2))
+    return "\n".join(lines)
+
+
+def memory_lines(plan: Plan) -> list[str]:
+    """The chosen strategy's bytes, term by term, per tier."""
+    lines = ["  where the memory goes (per GPU / CPU node / NVMe node):"]
+    for tier, terms in (
+        ("GPU", plan.chosen.memory.gpu_terms),
+        ("CPU", plan.chosen.memory.cpu_terms),
+        ("NVMe", plan.chosen.memory.nvme_terms),
+    ):
+        if terms:
+            parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in terms.items() if v)
+            lines.append(f"    {tier:<5}{parts}")
+    return lines
+
+
+def time_lines(plan: Plan) -> list[str]:
+    """The predicted step split into compute, PCIe, CPU-Adam and NVMe, and where each rate came from."""
+    t, r = plan.chosen.timing, plan.rates
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(r.sources.items()))
+    return [
+        "  predicted step (overlapped copies cost max(compute, copy), the rest adds):",
+        f"    compute {t.compute_seconds_per_step:.3g} s | PCIe {fmt_bytes(t.pcie_bytes_per_step)} in "
+        f"{t.pcie_seconds_per_step:.3g} s | CPU-Adam {t.cpu_adam_seconds_per_step:.3g} s | NVMe "
+        f"{fmt_bytes(t.nvme_bytes_per_step)} in {t.nvme_seconds_per_step:.3g} s",
+        f"    = {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, "
+        f"{t.offload_overhead_fraction:.0%} of the step lost to offload",
+        f"  rates: compute {r.compute_flops_per_s / 1e12:.3g} TFLOP/s, PCIe {r.pcie_bytes_per_s / 1e9:.3g} GB/s, "
+        f"CPU-Adam {r.cpu_adam_params_per_s / 1e9:.3g} G params/s, NVMe {r.nvme_read_bytes_per_s / 1e9:.3g}/"
+        f"{r.nvme_write_bytes_per_s / 1e9:.3g} GB/s read/write ({sources})",
+    ]
+
+
+def advice_lines(plan: Plan) -> list[str]:
+    advice = plan.advice
+    if not advice:
+        return []
+    lines = [
+        "Advice",
+        f"  offload takes {advice['offload_overhead_fraction']:.0%} of each step "
+        f"({advice['tokens_per_s']:,.0f} tokens/s): the batch is too small to hide it",
+    ]
+    for knob, flag in (("grad_accum", "--grad-accum"), ("micro_batch", "--micro-batch")):
+        option = advice[knob]
+        if option:
+            lines.append(
+                f"  {flag} {option['value']}: {option['offload_overhead_fraction']:.0%} overhead, "
+                f"{option['tokens_per_s']:,.0f} tokens/s"
+            )
+    if not advice["micro_batch"]:
+        lines.append("  (no larger micro-batch reaches the target within this host's memory)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------- terminal view
+
+BAR_CELLS = 10  # one cell = a tenth of the usable capacity
+STEP_BAR_CELLS = 30
+CHOSEN_MARK, FITS_MARK, NO_FIT_MARK = "▶", "✓", "✗"
+NEAR_CAPACITY_FRACTION = 0.9  # bars turn yellow above this share of what is usable
+TIER_NAMES = ("GPU", "CPU", "NVMe")
+
+
+def capacities(plan: Plan) -> dict[str, int | None]:
+    """Usable bytes per tier (None: the host has no such tier); the bars are drawn against these."""
+    h = plan.host
+    return {
+        "GPU": planning.usable_gpu_bytes(h) if h.has_gpu else None,
+        "CPU": planning.usable_cpu_bytes(h),
+        "NVMe": planning.usable_nvme_bytes(h) if h.nvme else None,
+    }
+
+
+def tier_bar(need_bytes: int, usable_bytes: int | None, cells: int = BAR_CELLS) -> Text:
+    """`█████░░░░░ 36.0 GiB`: the need as a share of the usable capacity, red when over it. Without a
+    capacity (the CPU accelerator's per-rank device memory) only the bytes; a need for a missing tier is red."""
+    from rich.text import Text
+
+    size = f"{fmt_bytes(need_bytes):>9}"
+    if not need_bytes:
+        return Text(" " * (cells + 1) + f"{'-':>9}", style="dim")
+    if usable_bytes is None:
+        return Text(" " * (cells + 1) + size)
+    if usable_bytes == 0:  # a tier the host does not have
+        return Text((f"{'none':<{cells}} " if cells >= 4 else "") + size, style="bold red")
+    share = need_bytes / usable_bytes
+    filled = min(cells, max(1, round(share * cells)))  # a tiny need still shows one cell
+    style = "red" if share > 1 else "yellow" if share > NEAR_CAPACITY_FRACTION else "green"
+    bar = Text()
+    bar.append("█" * filled, style=style)
+    bar.append("░" * (cells - filled), style="dim")
+    bar.append(" " + size, style="bold red" if share > 1 else style if not cells else "")
+    return bar
+
+
+def candidates_table(plan: Plan, bar_cells: int = BAR_CELLS) -> Table:
+    """Every candidate with a bar per memory tier against its usable capacity; the chosen row marked.
+    tokens/s is left out (it is tokens per step / s/step, the same ranking) to keep the bars wide."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    usable = capacities(plan)
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    table.add_column("  strategy", min_width=12)  # the one column that wraps on a narrow terminal
+    for tier, per in zip(TIER_NAMES, ("/device", "/node", "/node"), strict=True):
+        name = "per rank*" if tier == "GPU" and not plan.host.has_gpu else tier + per
+        of = f"of {fmt_bytes(usable[tier])}" if usable[tier] else "none" if tier == "NVMe" else ""
+        table.add_column(f"{name}\n{of}", justify="right", no_wrap=True)
+    table.add_column("s/step", justify="right", no_wrap=True)
+    table.add_column("offload", justify="right", no_wrap=True)
+    for c in plan.candidates:
+        chosen = c is plan.chosen
+        if chosen:
+            strategy = Text(f"{CHOSEN_MARK} {c.strategy.label}", style="bold green")
+        else:
+            strategy = Text(FITS_MARK if c.fits else NO_FIT_MARK, style="green" if c.fits else "red")
+            strategy.append(f" {c.strategy.label}", style="" if c.fits else "dim")
+        t = c.timing
+        table.add_row(
+            strategy,
+            tier_bar(c.memory.gpu_bytes_per_device, usable["GPU"], bar_cells),
+            tier_bar(c.memory.cpu_bytes, usable["CPU"], bar_cells),
+            tier_bar(c.memory.nvme_bytes, usable["NVMe"] or 0, bar_cells),  # 0: no NVMe, any need is red
+            Text(f"{t.step_seconds:.3g}"),
+            Text(f"{t.offload_overhead_fraction:.0%}"),
+        )
+    return table
+
+
+def step_table(plan: Plan, cells: int = STEP_BAR_CELLS) -> Table:
+    """The chosen strategy's predicted step, part by part, each bar a share of the whole step."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = plan.chosen.timing
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    table.add_column("part", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("share of the step", no_wrap=True)
+    table.add_column("moves", justify="right", no_wrap=True)
+    parts = (
+        ("compute", t.compute_seconds_per_step, None, "green"),
+        ("PCIe", t.pcie_seconds_per_step, t.pcie_bytes_per_step, "cyan"),
+        ("CPU-Adam", t.cpu_adam_seconds_per_step, None, "yellow"),
+        ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
+    )
+    for name, seconds, moved, color in parts:
+        filled = min(cells, round(seconds / t.step_seconds * cells)) if t.step_seconds else 0
+        bar = Text("█" * filled, style=color)
+        bar.append("░" * (cells - filled), style="dim")
+        table.add_row(name, f"{seconds:.3g}", bar, fmt_bytes(moved) if moved is not None else "")
+    table.add_row(
+        Text("step", style="bold"),
+        Text(f"{t.step_seconds:.3g}", style="bold"),
+        Text(f"{t.tokens_per_s:,.0f} tokens/s, {t.offload_overhead_fraction:.0%} lost to offload"),
+        "",
+        end_section=True,
+    )
+    return table
+
+
+def plan_rich(plan: Plan, ds_config: dict | None, *, show_config: bool = True, bar_cells: int = BAR_CELLS) -> Group:
+    """The plan for a terminal: plan_text's content with bars and colour. A rich renderable (a Group)."""
+    from rich.console import Group
+    from rich.json import JSON
+    from rich.padding import Padding
+    from rich.text import Text
+
+    def section(title: str, style: str = "bold") -> Text:
+        return Text(title, style=style)
+
+    parts: list = [Text("\n".join(header_lines(plan))), Text("")]
+    parts.append(section("Candidates (bytes needed against what is usable)"))
+    parts.append(candidates_table(plan, bar_cells))
+    legend = f"{CHOSEN_MARK} chosen   {FITS_MARK} fits   {NO_FIT_MARK} does not fit"
+    if not plan.host.has_gpu:
+        legend += "\n* CPU accelerator: the per-rank device memory is CPU RAM and is included in CPU/node"
+    parts.append(Text(legend, style="dim"))
+    parts.append(Text(""))
+    if plan.chosen:
+        choice = section("Choice    ")
+        choice.append(plan.chosen.strategy.label, style="bold green")
+        parts.append(choice)
+        parts.append(Text("\n".join(memory_lines(plan))))
+        parts.append(Text("  predicted step (overlapped copies cost max(compute, copy), the rest adds):"))
+        parts.append(Padding(step_table(plan), (0, 0, 0, 4), expand=False))
+        parts.append(Text("\n".join(time_lines(plan)[-1:]), style="dim"))  # the rates and their sources
+    else:
+        parts.append(section("Choice    nothing fits this host", "bold red"))
+    parts.append(section("Why"))
+    parts.append(Text("\n".join(f"  - {r}" for r in plan.reasons)))
+    advice = advice_lines(plan)
+    if advice:
+        parts.append(section(advice[0]))
+        parts.append(Text("\n".join(advice[1:]), style="cyan"))
+    if plan.warnings:
+        parts.append(section("Warnings", "bold yellow"))
+        parts.append(Text("\n".join(f"  ! {w}" for w in plan.warnings), style="yellow"))
+    if ds_config is not None and show_config:
+        parts.append(Text(""))
+        parts.append(section("ds_config"))
+        parts.append(JSON(json.dumps(ds_config), indent=2))
+    return Group(*parts)
+
+
+def print_plan(plan: Plan, ds_config: dict | None, *, show_config: bool = True, console: Console | None = None) -> None:
+    """Print plan_rich on `console` (default: stdout), the bars as wide as the console leaves room for."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = console or Console()
+    unbounded = console.options.update(max_width=10 * console.width)  # the table's natural width
+
+    def natural_width(cells: int) -> int:
+        return Measurement.get(console, unbounded, candidates_table(plan, cells)).maximum
+
+    bar_cells = BAR_CELLS
+    while bar_cells > 0 and natural_width(bar_cells) > console.width:
+        bar_cells -= 1
+    console.print(plan_rich(plan, ds_config, show_config=show_config, bar_cells=bar_cells))

@@ -1,0 +1,571 @@
+"""The ds_config linter: one test per check (path and message), generated configs lint clean, the merge's
+decisions, and a fuzz test that no JSON-like input makes it raise."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.config import dsconfig, lint
+from launcher.errors import UserInputError
+from launcher.inspection.host import load_host_spec
+from launcher.inspection.model import inspect_model
+from launcher.plan.memory import Strategy
+from launcher.plan.planner import Workload, aligned_partition_numel, make_plan, usable_cpu_bytes
+from launcher.units import fmt_bytes
+from tests.helpers import host_path
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return inspect_model("meta-llama/Llama-2-7b")
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_host_spec(host_path("1x-a100-80g"))
+
+
+@pytest.fixture(scope="module")
+def plan7b(llama7b, a100):
+    return make_plan(llama7b, a100, Workload())  # ZeRO-2 + opt->cpu
+
+
+@pytest.fixture
+def good(plan7b):
+    return dsconfig.render(plan7b)
+
+
+def forced_plan(model, host, strategy: Strategy, **workload):
+    pinned = dict(
+        zero_stage=str(strategy.zero_stage),
+        offload_optimizer=strategy.offload_optimizer,
+        offload_param=strategy.offload_param,
+    )
+    return make_plan(model, host, Workload(**pinned, **workload))
+
+
+def only(findings, path):
+    """The findings at `path`; exactly one, so a check and the schema never report the same thing twice."""
+    at = [f for f in findings if f.path == path]
+    assert len(at) == 1, [str(f) for f in findings]
+    return at[0]
+
+
+def errors(findings):
+    return [str(f) for f in findings if f.level == "error"]
+
+
+# ------------------------------------------------------------------------------------------ key sets
+
+
+def test_key_sets_come_from_deepspeed_and_are_not_trivial():
+    keys = lint.known_keys()
+    zero = keys["zero_optimization"]
+    assert len(zero) > 40
+    # field names and aliases, deprecated ones included
+    assert {"stage3_prefetch_bucket_size", "prefetch_bucket_size", "cpu_offload", "sub_group_size"} <= zero
+    assert {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"} == set(
+        keys["zero_optimization.offload_param"]
+    )
+    assert {"ratio", "pipeline_read", "fast_init"} <= keys["zero_optimization.offload_optimizer"]
+    assert keys["aio"] == {
+        "block_size",
+        "queue_depth",
+        "intra_op_parallelism",
+        "single_submit",
+        "overlap_events",
+        "use_gds",
+    }
+    assert "check_grad_overflow" in keys["bf16"] and "loss_scale" in keys["fp16"]
+    assert keys["optimizer"] == {"type", "params", "legacy_fusion"} and keys["scheduler"] == {"type", "params"}
+    assert "enabled" in keys["tensorboard"]  # nested model of the monitor config
+    top = keys[""]
+    assert len(top) > 40
+    assert {
+        "train_batch_size",
+        "zero_optimization",
+        "bf16",
+        "aio",
+        "optimizer",
+        "steps_per_print",
+        "tensorboard",
+    } <= top
+    assert not {"nebula", "amp", "params", "type", "enabled"} & top  # removed, or sub-keys read from sections
+
+
+def test_every_knob_maps_to_a_known_key():
+    for key in dsconfig.KNOB_TO_DS_KEY.values():
+        section, _, leaf = key.rpartition(".")
+        for path in [section.replace("*", name) for name in ("optimizer", "param")] if "*" in section else [section]:
+            assert leaf in lint.known_keys()[path], key
+
+
+# ------------------------------------------------------------------------------------------ unknown keys
+
+
+@pytest.mark.parametrize(
+    ("section", "typo", "path", "hint"),
+    [
+        ("", "zero_optimisation", "zero_optimisation", "zero_optimization"),
+        (
+            "zero_optimization",
+            "stage3_prefetch_bucket",
+            "zero_optimization.stage3_prefetch_bucket",
+            "stage3_prefetch_bucket_size",
+        ),
+        (
+            "zero_optimization.offload_optimizer",
+            "pin_memroy",
+            "zero_optimization.offload_optimizer.pin_memroy",
+            "pin_memory",
+        ),
+        ("bf16", "enable", "bf16.enable", "enabled"),
+        ("optimizer", "parms", "optimizer.parms", "params"),
+        ("scheduler", "typ", "scheduler.typ", "type"),
+        ("tensorboard", "enabeld", "tensorboard.enabeld", "enabled"),
+        (
+            "activation_checkpointing",
+            "partition_activation",
+            "activation_checkpointing.partition_activation",
+            "partition_activations",
+        ),  # schema's list
+    ],
+)
+def test_unknown_keys_at_every_level_name_the_nearest(good, section, typo, path, hint):
+    node = good
+    for part in section.split(".") if section else ():
+        node = node.setdefault(part, {})
+    node[typo] = 1
+    finding = only(lint.lint(good, None, 1, deepspeed=False), path)
+    assert finding.level == "error" and f"did you mean '{hint}'?" in finding.message
+
+
+def test_unknown_nested_offload_and_aio_keys(plan7b):
+    config = forced_render(plan7b, Strategy(3, "nvme", "nvme"))
+    config["zero_optimization"]["offload_param"]["buffer_sise"] = 10**9
+    config["aio"]["queue_dpeth"] = 8
+    findings = lint.lint(config, None, 1, deepspeed=False)
+    assert "did you mean 'buffer_size'?" in only(findings, "zero_optimization.offload_param.buffer_sise").message
+    assert "did you mean 'queue_depth'?" in only(findings, "aio.queue_dpeth").message
+
+
+def test_aliases_are_valid_and_deprecated_names_warn(good):
+    good["zero_optimization"]["prefetch_bucket_size"] = 1000
+    good["zero_optimization"]["cpu_offload"] = True
+    findings = lint.lint(good, None, 1, deepspeed=False)
+    assert not [f for f in findings if f.path == "zero_optimization.prefetch_bucket_size"]
+    warning = only(findings, "zero_optimization.cpu_offload")
+    assert warning.level == "warning" and warning.message == "deprecated in DeepSpeed; use offload_optimizer"
+
+
+def test_removed_keys_say_deepspeed_refuses_them(good):
+    good["nebula"] = {"enabled": True}
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "nebula")
+    assert finding.message.startswith("removed from DeepSpeed, which refuses it: Nebula checkpointing has been removed")
+
+
+# ------------------------------------------------------------------------------------------ types
+
+
+def test_float_where_deepspeed_needs_an_int(good):
+    good["zero_optimization"]["reduce_bucket_size"] = 5e8
+    good["train_batch_size"] = 1.0
+    findings = lint.lint(good, None, 1, deepspeed=False)
+    message = "500000000.0 is a float where DeepSpeed needs an integer; write 500000000"
+    assert only(findings, "zero_optimization.reduce_bucket_size").message == message
+    assert only(findings, "train_batch_size").message.endswith("write 1")
+
+
+def test_type_errors_carry_the_json_path(good):
+    good["zero_optimization"]["offload_optimizer"]["pin_memory"] = "true"
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "zero_optimization.offload_optimizer.pin_memory")
+    assert finding.message == "'true' is not of type 'boolean'"
+
+
+# ------------------------------------------------------------------------------------------ NVMe and aio
+
+
+def forced_render(plan, strategy: Strategy) -> dict:
+    forced = forced_plan(plan.model, plan.host, strategy)
+    return dsconfig.render(replace(forced, chosen=replace(forced.candidates[0], problems=())))
+
+
+@pytest.fixture(scope="module")
+def mixtral_plan(a100):
+    return forced_plan(inspect_model("mistralai/Mixtral-8x7B-v0.1"), a100, Strategy(3, "nvme", "nvme"))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_param_buffer_below_the_largest_swapped_partition(mixtral_plan, world):
+    config = dsconfig.render(mixtral_plan)
+    need = aligned_partition_numel(939_524_096, world)  # Mixtral's fused experts (FIELD-NOTES)
+    assert config["zero_optimization"]["offload_param"]["buffer_size"] >= need
+    config["zero_optimization"]["offload_param"]["buffer_size"] = 100_000_000
+    finding = only(lint.lint(config, mixtral_plan, world), "zero_optimization.offload_param.buffer_size")
+    assert finding.level == "error"
+    assert finding.message.startswith("100000000 is smaller than the largest parameter partition DeepSpeed swaps")
+    assert f"{need:,} per rank at world size {world}" in finding.message
+    assert finding.message.endswith(f"set it to at least {need}")
+    del config["zero_optimization"]["offload_param"]["buffer_size"]
+    finding = only(lint.lint(config, mixtral_plan, world), "zero_optimization.offload_param.buffer_size")
+    assert finding.message.startswith("unset, so DeepSpeed's default 100000000 is smaller")
+    config["zero_optimization"]["offload_param"]["buffer_size"] = need
+    assert not [f for f in lint.lint(config, mixtral_plan, world) if "buffer_size" in f.path]
+
+
+def test_aio_thread_count_is_the_old_name(mixtral_plan):
+    config = dsconfig.render(mixtral_plan)
+    threads = config["aio"].pop("intra_op_parallelism")
+    config["aio"]["thread_count"] = threads
+    finding = only(lint.lint(config, None, 1), "aio.thread_count")
+    assert finding.message == (
+        "old name of intra_op_parallelism (renamed in DeepSpeed 0.16.4; newer versions ignore it); "
+        f'write "intra_op_parallelism": {threads}'
+    )
+    config["aio"]["intra_op_parallelism"] = threads
+    finding = only(lint.lint(config, None, 1), "aio.thread_count")
+    assert finding.message.endswith("remove it, intra_op_parallelism is set")
+
+
+@pytest.mark.parametrize("section", ["offload_optimizer", "offload_param"])
+def test_nvme_offload_without_nvme_path(mixtral_plan, section):
+    config = dsconfig.render(mixtral_plan)
+    del config["zero_optimization"][section]["nvme_path"]
+    finding = only(lint.lint(config, mixtral_plan, 1), f"zero_optimization.{section}.nvme_path")
+    assert finding.message.startswith(f"{section}.device is nvme but nvme_path is not set, so DeepSpeed fails at init")
+    assert "/local_nvme/offload/<run>" in finding.message
+
+
+def test_short_optimizer_swap_buffer_count_warns(mixtral_plan):
+    config = dsconfig.render(mixtral_plan)
+    config["zero_optimization"]["offload_optimizer"]["buffer_count"] = 2
+    finding = only(lint.lint(config, mixtral_plan, 1), "zero_optimization.offload_optimizer.buffer_count")
+    assert finding.level == "warning" and "use at least 4" in finding.message
+
+
+# ------------------------------------------------------------------------------------------ cross-field
+
+
+def test_offload_param_below_stage_3(good):
+    good["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    finding = only(lint.lint(good, None, 1), "zero_optimization.offload_param.device")
+    assert finding.message.startswith(
+        "offload_param needs ZeRO stage 3 (only stage 3 partitions parameters); at stage 2"
+    )
+    assert lint.strategy_of(good) == Strategy(2, "cpu")  # what DeepSpeed will really run
+
+
+def test_nvme_optimizer_below_stage_3_runs_on_cpu(good):
+    good["zero_optimization"]["offload_optimizer"] |= {"device": "nvme", "nvme_path": "/nvme/run"}
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "zero_optimization.offload_optimizer.device")
+    assert finding.level == "warning" and "DeepSpeed keeps the optimizer states in CPU RAM" in finding.message
+    assert lint.strategy_of(good) == Strategy(2, "cpu")
+
+
+def test_offload_without_an_optimizer_section_warns(good):
+    del good["optimizer"]
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "optimizer")
+    assert finding.level == "warning" and "zero_force_ds_cpu_optimizer" in finding.message
+
+
+def test_fp16_and_bf16_both_enabled(good):
+    good["fp16"] = {"enabled": True}
+    findings = lint.lint(good, None, 1)
+    assert only(findings, "fp16.enabled").message.startswith("fp16 and bf16 are both enabled; DeepSpeed allows one")
+    assert len(errors(findings)) == 1  # the schema's own rule is not reported a second time
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"),
+    [
+        (
+            lambda c: c.update(bfloat16={"enabled": True}),
+            "bfloat16",
+            "DeepSpeed ignores 'bfloat16' (the old name of bf16)",
+        ),
+        (
+            lambda c: c.update(gradient_allreduce_op="sum", zero_optimization={"stage": 3}),
+            "gradient_allreduce_op",
+            "'sum' is not supported with ZeRO-3",
+        ),
+    ],
+)
+def test_other_cross_field_rules(good, mutate, path, message):
+    mutate(good)
+    findings = lint.lint(good, None, 1, deepspeed=False)
+    assert only(findings, path).message.startswith(message) and len(errors(findings)) == 1
+
+
+def test_schema_cross_field_rules_are_all_ported():
+    # lint drops the schema's top-level allOf errors in favour of its own messages: a new rule needs porting.
+    rules = [rule["description"] for rule in dsconfig._schema_validator().schema["allOf"]]
+    assert len(rules) == 3 and rules[0].startswith("fp16 and bf16") and "bfloat16" in rules[1] and "sum" in rules[2]
+
+
+# ------------------------------------------------------------------------------------------ batch
+
+
+@pytest.mark.parametrize(
+    ("batch", "world", "message"),
+    [
+        ((32, 4, 2), 2, "32 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 2 = 16; "),
+        ((10, 4, None), 2, "(DeepSpeed derives gradient_accumulation_steps 1)"),
+        ((None, None, 4), 1, "DeepSpeed needs it or train_batch_size; set it"),
+    ],
+)
+def test_batch_arithmetic(good, batch, world, message):
+    for key, value in zip(lint.BATCH_KEYS, batch, strict=True):
+        good.pop(key)
+        if value is not None:
+            good[key] = value
+    findings = lint.lint(good, None, world, deepspeed=False)
+    assert [message in f.message for f in findings if f.path.startswith(("train_", "gradient_"))] == [True]
+
+
+def test_batch_arithmetic_holds_and_auto_is_tolerated(good):
+    good.update(train_batch_size=16, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
+    assert lint.lint(good, None, 2) == []
+    good.update(train_batch_size="auto")
+    assert lint.lint(good, None, 7) == []  # also through DeepSpeed's own parse
+
+
+# ------------------------------------------------------------------------------------------ fit
+
+
+def test_offload_that_does_not_fit_the_host_gives_the_numbers(a100):
+    llama70b = inspect_model("meta-llama/Llama-2-70b-hf")
+    plan = make_plan(llama70b, a100, Workload())
+    config = forced_render(plan, Strategy(3, "cpu", "cpu"))
+    _, estimate = lint.estimate_config(config, plan, 1)
+    finding = only(lint.lint(config, plan, 1), "zero_optimization")
+    assert finding.message == (
+        "ZeRO-3 + opt->cpu + param->cpu for meta-llama/Llama-2-70b-hf at world size 1 does not fit this host: "
+        f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} > {fmt_bytes(usable_cpu_bytes(a100))} usable; "
+        f"the planner picks {plan.chosen.strategy.label} for this model and host"
+    )
+    assert estimate.cpu_bytes > usable_cpu_bytes(a100)
+
+
+def test_config_estimate_is_the_planners_for_every_rendered_strategy(plan7b):
+    for candidate in plan7b.candidates:
+        config = dsconfig.render(replace(plan7b, chosen=replace(candidate, problems=())))
+        strategy, estimate = lint.estimate_config(config, plan7b, plan7b.world_size)
+        assert strategy == candidate.strategy and estimate == candidate.memory
+        fit = [
+            f for f in lint.lint(config, plan7b, plan7b.world_size, deepspeed=False) if f.path == "zero_optimization"
+        ]
+        assert bool(fit) == (not candidate.fits)
+
+
+def test_bigger_micro_batch_in_the_config_is_what_gets_sized(good, plan7b):
+    _, planned = lint.estimate_config(good, plan7b, 1)
+    good.update(train_micro_batch_size_per_gpu=64, train_batch_size=64)
+    _, bigger = lint.estimate_config(good, plan7b, 1)
+    assert bigger.gpu_terms["activations"] == 64 * planned.gpu_terms["activations"]
+
+
+# ------------------------------------------------------------------------------------------ clean configs
+
+
+@pytest.mark.parametrize("host", ["1x-a100-80g", "8x-h100-80g", "2x-rtx4090-24g"])
+def test_generated_configs_lint_clean(llama7b, host):
+    described = load_host_spec(host_path(host))
+    plan = make_plan(llama7b, described, Workload(micro_batch=2, grad_accum=4))
+    fitting = [c for c in plan.candidates if c.fits]
+    assert len({c.strategy.zero_stage for c in fitting}) >= 1 and len(fitting) >= 3
+    for candidate in fitting:
+        config = dsconfig.render(replace(plan, chosen=candidate))
+        assert lint.lint(config, plan, plan.world_size) == [], candidate.strategy.label
+
+
+def test_generated_configs_lint_clean_with_nvme_and_on_the_cpu_accelerator(mixtral_plan, tiny_llama_dir):
+    assert lint.lint(dsconfig.render(mixtral_plan), mixtral_plan, 1) == []
+    cpu = make_plan(inspect_model(str(tiny_llama_dir)), load_host_spec(host_path("cpu-only")), Workload())
+    assert lint.lint(dsconfig.render(cpu), cpu, cpu.world_size) == []
+
+
+def test_schema_if_then_rules_say_why(good):
+    good["zero_optimization"]["offload_optimizer"]["ratio"] = 0.5
+    finding = only(lint.lint(good, None, 1), "zero_optimization.stage")
+    assert finding.message == (
+        "Partial optimizer offload (offload_optimizer.ratio < 1) is only supported with ZeRO stage 3. (got 2)"
+    )
+
+
+def test_deepspeed_parse_runs_last_and_only_on_an_otherwise_clean_config(good, plan7b, monkeypatch):
+    seen = []
+    monkeypatch.setattr(dsconfig, "deepspeed_errors", lambda config: seen.append(config) or ["DeepSpeed rejects it: x"])
+    good.update(train_batch_size="auto", train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto")
+    good["optimizer"]["params"]["lr"] = "auto"
+    finding = only(lint.lint(good, plan7b, 1), "")
+    assert str(finding) == "error: DeepSpeed rejects it: x"
+    # "auto" is what the HF Trainer fills before DeepSpeed sees the config: DeepSpeed gets it without them
+    assert "train_batch_size" not in seen[0] and "lr" not in seen[0]["optimizer"]["params"]
+    assert seen[0]["train_micro_batch_size_per_gpu"] == 1
+    assert lint.lint(good, plan7b, 1, deepspeed=False) == []
+    good["fp16"] = {"enabled": True}
+    assert len(lint.lint(good, plan7b, 1)) == 1 and len(seen) == 1  # not run when something else is wrong
+
+
+def test_deepspeed_own_parse_becomes_a_finding(good):
+    good["zero_optimization"]["offload_optimizer"]["ratio"] = 0.5  # DeepSpeed asserts: partial offload is ZeRO-3
+    [finding] = lint._deepspeed_findings(good)
+    assert finding.path == "" and "Partial offloading only supported for ZeRO Stage 3" in finding.message
+
+
+def test_finding_reads_as_one_line():
+    finding = lint.Finding("error", "aio.block_size", "too small")
+    assert str(finding) == "error: aio.block_size: too small"
+    assert finding.to_json() == {"level": "error", "path": "aio.block_size", "message": "too small"}
+
+
+def test_not_a_mapping_and_bad_world_size():
+    assert [str(f) for f in lint.lint([1], None, 1)] == ["error: a ds_config is a JSON object, got list"]
+    with pytest.raises(UserInputError, match="world size must be at least 1, got 0"):
+        lint.lint({}, None, 0)
+
+
+# ------------------------------------------------------------------------------------------ merge
+
+
+HF_STYLE = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "reduce_bucket_size": 123456,  # the user's number
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
+}
+
+
+def test_merge_fills_auto_and_the_user_wins(llama7b, a100):
+    plan = forced_plan(llama7b, a100, Strategy(3, "cpu"), micro_batch=2, grad_accum=4)
+    generated = dsconfig.render(plan)
+    merged = lint.merge_user_config(HF_STYLE, generated)
+    zero = merged["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 123456  # user wins
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)  # auto filled from the plan
+    assert merged["train_batch_size"] == 8 and merged["train_micro_batch_size_per_gpu"] == 2
+    assert merged["optimizer"]["params"]["lr"] == plan.workload.lr
+    assert merged["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    assert merged["bf16"] == {"enabled": True} and merged["fp16"] == {"enabled": False}  # plan has no fp16
+    assert "scheduler" not in merged and "steps_per_print" not in merged  # nothing else added
+    assert "pin_memory" not in zero["offload_optimizer"]
+    assert lint.lint(merged, plan, plan.world_size) == []
+    assert HF_STYLE["train_batch_size"] == "auto"  # inputs untouched
+
+
+def test_merge_auto_without_a_generated_value_names_every_path(good):
+    user = {"zero_optimization": {"stage": 3, "offload_param": {"buffer_size": "auto"}}, "aio": {"block_size": "auto"}}
+    with pytest.raises(UserInputError, match=r"'auto' at zero_optimization.offload_param.buffer_size, aio.block_size"):
+        lint.merge_user_config(user, good)
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ({}, (8, 2, 4)),  # none set: the plan's three
+        ({"train_micro_batch_size_per_gpu": 4}, (16, 4, 4)),  # the plan's accumulation, the user's micro
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}, (32, 2, 16)),
+        ({"train_batch_size": 32, "gradient_accumulation_steps": 8}, (32, 4, 8)),
+    ],
+)
+def test_merge_adds_missing_batch_keys_consistently(llama7b, a100, user, expected):
+    generated = dsconfig.render(make_plan(llama7b, a100, Workload(micro_batch=2, grad_accum=4)))
+    merged = lint.merge_user_config(user, generated)
+    assert tuple(merged[key] for key in lint.BATCH_KEYS) == expected
+
+
+# ------------------------------------------------------------------------------------------ fuzz
+
+REAL_KEYS = [
+    "zero_optimization",
+    "zero_optimisation",
+    "stage",
+    "offload_param",
+    "offload_optimizer",
+    "device",
+    "nvme_path",
+    "buffer_size",
+    "buffer_count",
+    "sub_group_size",
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "cpu_offload",
+    "aio",
+    "thread_count",
+    "intra_op_parallelism",
+    "bf16",
+    "fp16",
+    "bfloat16",
+    "enabled",
+    "optimizer",
+    "scheduler",
+    "type",
+    "params",
+    "nebula",
+    "tensorboard",
+    "gradient_allreduce_op",
+    *lint.BATCH_KEYS,
+]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**40), max_value=2**63),
+    st.floats(),
+    st.text(max_size=6),
+    st.sampled_from(["auto", "cpu", "nvme", "none", "sum", "true"]),
+)
+keys = st.one_of(st.sampled_from(REAL_KEYS), st.text(max_size=10))
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=5), max_leaves=25
+)
+offload = st.fixed_dictionaries(
+    {}, optional={"device": st.sampled_from(["cpu", "nvme", "gpu", 3]), "nvme_path": values, "buffer_size": values}
+)
+shaped = st.fixed_dictionaries(
+    {},
+    optional={
+        "zero_optimization": st.fixed_dictionaries(
+            {},
+            optional={
+                "stage": st.sampled_from([0, 1, 2, 3, 4, "3", None, True, 3.0]),
+                "offload_param": offload,
+                "offload_optimizer": offload,
+                "sub_group_size": values,
+                "overlap_comm": values,
+            },
+        ),
+        "aio": st.dictionaries(keys, values, max_size=3),
+        "train_batch_size": values,
+        "train_micro_batch_size_per_gpu": values,
+        "gradient_accumulation_steps": values,
+    },
+)
+configs = st.one_of(st.dictionaries(keys, values, max_size=8), shaped)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs, world=st.integers(min_value=1, max_value=16), with_plan=st.booleans(), ds=st.booleans())
+def test_any_json_like_config_gives_findings_never_a_traceback(mixtral_plan, config, world, with_plan, ds):
+    before = copy.deepcopy(config)
+    findings = lint.lint(config, mixtral_plan if with_plan else None, world, deepspeed=ds)
+    assert all(isinstance(f, lint.Finding) and f.level in ("error", "warning") for f in findings)
+    assert all(isinstance(f.path, str) and f.message for f in findings)
+    assert config == before  # lint never mutates its input
+    with contextlib.suppress(UserInputError):  # an "auto" with nothing to fill it
+        lint.merge_user_config(config, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1})

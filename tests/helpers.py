@@ -1,0 +1,36 @@
+"""Helpers shared by the tests (imported as `tests.helpers`; fixtures live in conftest.py). Everything here is
+offline: models come from transformers config classes, hardware from the bundled host descriptions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTS = REPO / "recipes" / "hosts"
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    fields = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def save_config(config, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    return directory
+
+
+def host_path(name: str) -> str:
+    return str(HOSTS / f"{name}.yaml")

@@ -1,0 +1,142 @@
+"""The decision framework as scenarios over described hosts (the seeds' table, §5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import UserInputError
+from launcher.inspection.host import load_host_spec
+from launcher.inspection.model import inspect_model
+from launcher.plan.planner import Workload, aligned_partition_numel, make_plan
+from tests.helpers import host_path
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return inspect_model("meta-llama/Llama-2-7b")
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    return inspect_model("meta-llama/Llama-2-70b-hf")
+
+
+def plan_for(model, host_text_or_name, write_host=None, **workload):
+    path = host_path(host_text_or_name) if write_host is None else write_host(host_text_or_name)
+    return make_plan(model, load_host_spec(path), Workload(**workload))
+
+
+def test_8_gpus_with_enough_memory_get_zero_1_or_2(llama7b):
+    plan = plan_for(llama7b, "8x-a100-80g")
+    assert plan.chosen.strategy.zero_stage in (1, 2) and not plan.chosen.strategy.offloads
+    assert plan.world_size == 8 and plan.train_batch_size == 8
+
+
+def test_1_to_4_gpus_that_fit_zero3_get_zero3(llama7b):
+    plan = plan_for(llama7b, "4x-a100-40g")
+    assert plan.chosen.strategy.label == "ZeRO-3"
+    assert [c.strategy.label for c in plan.candidates if not c.fits][:2] == ["ZeRO-1", "ZeRO-2"]
+
+
+@pytest.mark.parametrize("host", ["1x-rtx4090-24g", "2x-rtx4090-24g", "1x-a100-80g"])
+def test_1_to_2_gpus_that_do_not_fit_get_cpu_offload(llama7b, host):
+    plan = plan_for(llama7b, host)
+    assert plan.chosen.strategy.offload_optimizer == "cpu"
+    assert plan.chosen.strategy.offload_param == "none"
+    assert any("DeepSpeedCPUAdam" in r for r in plan.reasons)
+
+
+def test_one_gpu_and_a_model_too_big_for_ram_goes_to_nvme(llama70b):
+    plan = plan_for(llama70b, "1x-a100-80g")  # 70B x 18 B > 512 GiB RAM
+    assert plan.chosen.strategy.offload_optimizer == "nvme"
+    assert plan.chosen.memory.nvme_bytes > 12 * llama70b.params * 0.99
+    assert not next(c for c in plan.candidates if c.strategy.label == "ZeRO-3 + opt->cpu + param->cpu").fits
+
+
+def test_nothing_fits_gives_the_whole_table(llama70b, write_host):
+    tiny = "gpus: {count: 1, memory: 8GiB}\ncpu_memory: 16GiB\n"
+    plan = plan_for(llama70b, tiny, write_host)
+    assert plan.chosen is None
+    assert len(plan.candidates) == 10 and all(c.problems for c in plan.candidates)  # all but ZeRO-1 + offload
+
+
+def test_pinned_choices_restrict_candidates(llama7b):
+    plan = plan_for(llama7b, "8x-a100-80g", zero_stage="3", offload_optimizer="cpu")
+    assert {c.strategy.label for c in plan.candidates} == {
+        "ZeRO-3 + opt->cpu",
+        "ZeRO-3 + opt->cpu + param->cpu",
+        "ZeRO-3 + opt->cpu + param->nvme",
+    }
+    assert plan.chosen.strategy.label == "ZeRO-3 + opt->cpu"
+
+
+def test_forced_strategy_that_does_not_fit(llama7b):
+    plan = plan_for(llama7b, "1x-rtx4090-24g", zero_stage="1", offload_optimizer="none")
+    assert plan.chosen is None and "GPU needs" in plan.candidates[0].problems[0]
+
+
+@pytest.mark.parametrize(
+    ("workload", "message"),
+    [
+        (dict(zero_stage="2", offload_param="cpu"), "--offload-param cpu needs ZeRO-3"),
+        (dict(zero_stage="1", offload_optimizer="nvme"), "ZeRO-3 only"),
+        (dict(micro_batch=0), "--micro-batch must be at least 1"),
+        (dict(grad_accum=0, micro_batch=0), "--micro-batch .*; --grad-accum"),
+    ],
+)
+def test_contradictory_or_impossible_workloads(workload, message):
+    with pytest.raises(UserInputError, match=message):
+        Workload(**workload)
+
+
+def test_nvme_without_path(llama7b, write_host):
+    with pytest.raises(UserInputError, match="--nvme-path"):
+        plan_for(llama7b, "gpus: {count: 1, memory: 24GiB}\ncpu_memory: 64GiB\n", write_host, offload_param="nvme")
+
+
+def test_seq_len_above_model_maximum(llama7b):
+    with pytest.raises(UserInputError, match="exceeds .* max_position_embeddings 4096"):
+        plan_for(llama7b, "1x-a100-80g", seq_len=8192)
+    assert plan_for(llama7b, "1x-a100-80g", seq_len=8192, allow_long_seq=True).workload.seq_len == 8192
+
+
+def test_default_seq_len_is_capped_by_the_model():
+    gpt2 = inspect_model("gpt2")
+    assert plan_for(gpt2, "1x-a100-80g").workload.seq_len == 1024
+
+
+def test_low_memlock_turns_pinning_off_and_says_how_to_fix(llama7b, write_host):
+    text = "gpus: {count: 1, memory: 24GiB}\ncpu_memory: 256GiB\nmemlock: 64KiB\n"
+    plan = plan_for(llama7b, text, write_host)
+    assert plan.chosen.strategy.offload_optimizer == "cpu"
+    assert plan.pin_memory is False
+    assert any("ulimit -l" in w for w in plan.warnings)
+    assert plan_for(llama7b, "1x-rtx4090-24g").pin_memory is True
+
+
+def test_param_buffer_holds_the_largest_swapped_partition():
+    mixtral = inspect_model("mistralai/Mixtral-8x7B")
+    assert mixtral.largest_param_numel == 939_524_096  # fused experts (FIELD-NOTES)
+    plan = plan_for(mixtral, "1x-a100-80g", zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
+    buckets = plan.chosen.buckets
+    assert buckets.param_buffer_size >= mixtral.largest_param_numel
+    assert buckets.param_buffer_size % 512 == 0
+    assert aligned_partition_numel(1000, 4) == 512 and aligned_partition_numel(2049, 1) == 2560
+
+
+def test_sub_group_size_sized_to_the_host(llama70b, write_host):
+    small = "gpus: {count: 1, memory: 80GiB}\ncpu_memory: 64GiB\nnvme: {path: /n, free: 4TB}\n"
+    plan = plan_for(llama70b, small, write_host, zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
+    buckets = plan.chosen.buckets
+    assert isinstance(buckets.sub_group_size, int) and buckets.sub_group_size < 10**9
+    assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 64 * 2**30
+
+
+def test_cpu_only_host_plans_for_the_cpu_accelerator(tiny_llama_dir):
+    plan = plan_for(inspect_model(str(tiny_llama_dir)), "cpu-only")
+    assert plan.chosen is not None and plan.precision == "bf16"
+    assert any("CPU accelerator" in r for r in plan.reasons)
+
+
+def test_planning_is_pure(llama7b):
+    assert plan_for(llama7b, "1x-rtx4090-24g") == plan_for(llama7b, "1x-rtx4090-24g")
