@@ -72,10 +72,10 @@ def bench_plan_latency(env: dict) -> dict:
 def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
     import torch
 
-    from launcher.config.dsconfig import import_deepspeed_quietly
+    from launcher.deepspeed_logging import import_deepspeed
     from launcher.inspection.rates import _best_seconds
 
-    import_deepspeed_quietly()
+    import_deepspeed()
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     def make():

@@ -42,3 +42,12 @@ def unknown_key_message(key: str, choices: Iterable[str], where: str) -> str:
     tail = f"did you mean '{hint}'?" if hint else f"valid keys: {', '.join(choices)}"
     shown = f"'{key}'" if key.isprintable() else repr(key)  # a key holding a newline stays on one line
     return f"unknown key {shown} in {where}; {tail}"
+
+
+class Stopped(OffloadLaunchError):
+    """A run that stopped for a reason with its own exit code: a host limit (2 or 3), a failed smoke check
+    (10-18), or the training processes' own exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

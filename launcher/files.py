@@ -25,3 +25,9 @@ def folder_bytes(folder: str | Path | None) -> int:
     if not folder or not Path(folder).is_dir():
         return 0
     return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def tool_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/offload-launch (default ~/.cache/offload-launch): probe figures, model profiles, and the
+    fingerprints of configs DeepSpeed already accepted."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "offload-launch"

@@ -1,8 +1,8 @@
 """Recipes: a model, a host and a workload in one small YAML file, loaded by name or path.
 
-A recipe's keys are written the way a user thinks of them (`model`, `host`, `seq_len`, `micro_batch` ...);
-`Recipe.options` maps them to the `run` command's parameter names (`model_spec`, `host_spec`, ...) so the
-CLI can lay them under whatever the user typed. Its leading comment says who it is for, and its `expect:`
+A recipe's keys are the settings' recipe keys (launcher/settings.py: `model`, `host`, `seq_len`,
+`micro_batch` ...); `Recipe.options` maps them to setting names (`model`, `host_spec`, ...), the layer
+`settings.layer()` puts under what the user typed. Its leading comment says who it is for, and its `expect:`
 block records the strategy the planner picks (tests/test_recipes.py holds every bundled recipe to it).
 
 Paths in a recipe are relative to the recipe file; `package:demo/tiny-llama` points inside the installed
@@ -18,50 +18,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import textfiles
+from launcher import settings, textfiles
 from launcher.errors import UserInputError, nearest, unknown_key_message
 from launcher.resources import PACKAGE_DIR, resource_path
+from launcher.settings import Kind
 
 LIVE_HOST = "this"
 PACKAGE_PREFIX = "package:"
 _HOST_SUFFIXES = (".yaml", ".yml", ".json")
 
-# Recipe key -> (the `run` command's parameter name, kind). Kinds: int, float, bool, str; "path" is relative
-# to the recipe file; "model" is a path when one exists there (or starts with ./, ../, /, ~), else a hub id;
-# "host" goes through host_spec_path; a tuple lists the allowed values (Click's choices, as strings).
-KEYS: dict[str, tuple[str, object]] = {
-    "model": ("model_spec", "model"),
-    "trust_remote_code": ("trust_remote_code", bool),
-    "host": ("host_spec", "host"),
-    "nvme_path": ("nvme_path", str),
-    "num_gpus": ("num_gpus", int),
-    "zero_stage": ("zero_stage", ("auto", "1", "2", "3")),
-    "offload_optimizer": ("offload_optimizer", ("auto", "none", "cpu", "nvme")),
-    "offload_param": ("offload_param", ("auto", "none", "cpu", "nvme")),
-    "seq_len": ("seq_len", int),
-    "allow_long_seq": ("allow_long_seq", bool),
-    "micro_batch": ("micro_batch", int),
-    "grad_accum": ("grad_accum", int),
-    "precision": ("precision", ("auto", "bf16", "fp16")),
-    "activation_checkpointing": ("activation_checkpointing", bool),
-    "lr": ("lr", float),
-    "warmup_steps": ("warmup_steps", int),
-    "steps": ("steps", int),
-    "data": ("data", "path"),
-    "text_field": ("text_field", str),
-    "tokenizer": ("tokenizer", "model"),
-    "output_dir": ("output_dir", str),
-    "epochs": ("epochs", float),
-    "save_every": ("save_every", int),
-    "keep_checkpoints": ("keep_checkpoints", int),
-    "resume": ("resume", bool),
-    "seed": ("seed", int),
-    "hostfile": ("hostfile", "path"),
-    "launcher": ("multinode_launcher", ("pdsh", "openmpi", "mvapich", "slurm")),
-    "master_addr": ("master_addr", str),
-    "master_port": ("master_port", int),
-    "bind_cores": ("bind_cores", bool),
-}
 EXPECT_KEYS = {"strategy"}  # the Strategy.label the planner picks, e.g. "ZeRO-2 + opt->cpu"
 
 
@@ -70,7 +35,7 @@ class Recipe:
     name: str  # the file name without .yaml
     path: Path
     description: str  # the leading comment, one paragraph
-    options: dict  # `run` parameter name -> value, only for the keys the recipe sets
+    options: dict  # setting name -> value, only for the keys the recipe sets
     expect: dict  # what the planner picks for it: {"strategy": label}
 
     @property
@@ -167,18 +132,19 @@ def load(path: str | Path) -> Recipe:
         line = lines.get(key)
         return f"{path}:{line}" if line else str(path)
 
+    keys = settings.recipe_keys()
     options: dict = {}
     for key, value in data.items():
         if key == "expect":
             continue
-        if key not in KEYS:
-            problems.append(unknown_key_message(str(key), [*KEYS, "expect"], f"recipe ({at(str(key))})"))
+        if key not in keys:
+            problems.append(unknown_key_message(str(key), [*keys, "expect"], f"recipe ({at(str(key))})"))
             continue
-        name, kind = KEYS[key]
+        declared = keys[key]
         try:
-            options[name] = _convert(value, kind, file.parent)
+            options[declared.name] = _convert(value, declared, file.parent)
         except UserInputError as err:  # host_spec_path's message already starts with "host:"
-            problems.append(f"{at(key)}: {err}" if kind == "host" else f"{at(key)}: {key}: {err}")
+            problems.append(f"{at(key)}: {err}" if declared.kind is Kind.HOST else f"{at(key)}: {key}: {err}")
 
     expect = data.get("expect") or {}
     if not isinstance(expect, dict):
@@ -194,22 +160,22 @@ def load(path: str | Path) -> Recipe:
     return Recipe(name=file.stem, path=file, description=_leading_comment(text), options=options, expect=expect)
 
 
-def _convert(value: object, kind: object, base: Path) -> object:
-    """One recipe value into what Click would have passed for the same option."""
-    if isinstance(kind, tuple):
+def _convert(value: object, declared: settings.Declaration, base: Path) -> object:
+    """One recipe value into what the same option typed on the command line would give."""
+    if declared.choices:
         text = str(value)
-        if isinstance(value, bool) or text not in kind:
-            raise UserInputError(f"expected one of {', '.join(kind)}, got {value!r}")
+        if isinstance(value, bool) or text not in declared.choices:
+            raise UserInputError(f"expected one of {', '.join(declared.choices)}, got {value!r}")
         return text
-    if kind is bool:
+    if declared.type is bool:
         if not isinstance(value, bool):
             raise UserInputError(f"expected true or false, got {value!r}")
         return value
-    if kind is int:
+    if declared.type is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserInputError(f"expected an integer, got {value!r}")
         return value
-    if kind is float:
+    if declared.type is float:
         if isinstance(value, str):
             with contextlib.suppress(ValueError):  # YAML 1.1 reads 2e-5 (no dot) as a string
                 value = float(value)
@@ -218,11 +184,11 @@ def _convert(value: object, kind: object, base: Path) -> object:
         return float(value)
     if not isinstance(value, str) or not value:
         raise UserInputError(f"expected a string, got {value!r}")
-    if kind == "host":
+    if declared.kind is Kind.HOST:
         return host_spec_path(value, relative_to=base, flag="host:")
-    if kind == "path":
+    if declared.kind is Kind.PATH:
         return str(_resolve_path(value, base))
-    if kind == "model":
+    if declared.kind is Kind.MODEL:
         return _model_spec(value, base)
     return value
 

@@ -102,7 +102,7 @@ def test_fresh_venv_imports_launcher_from_the_wheel(fresh: dict):
     assert found["names"] == recipes.names()
     assert Path(found["host"]) == installed / "recipes" / "hosts" / "1x-rtx4090-24g.yaml"
     # the demo recipe's package: paths point into the installed package, whatever the current folder
-    assert Path(found["demo"]["model_spec"]) == installed / "demo" / "tiny-llama"
+    assert Path(found["demo"]["model"]) == installed / "demo" / "tiny-llama"
     assert Path(found["demo"]["data"]) == installed / "demo" / "data" / "train.jsonl"
     assert (installed / "demo" / "tiny-llama" / "tokenizer.json").is_file() and Path(found["demo"]["data"]).is_file()
 

@@ -12,6 +12,8 @@ import logging
 from functools import cache
 from pathlib import Path
 
+from launcher.deepspeed_logging import import_deepspeed
+from launcher.deepspeed_logging import import_deepspeed as import_deepspeed_quietly  # noqa: F401  TEMP until keys.py moves
 from launcher.errors import OffloadLaunchError
 from launcher.plan.planner import Plan
 from launcher.resources import resource_path
@@ -149,20 +151,11 @@ def schema_errors(config: dict) -> list[str]:
     return errors
 
 
-def import_deepspeed_quietly():
-    """Import DeepSpeed without its import-time log lines landing on our stdout (--json must stay one
-    object): its logger binds the stream it sees at import, so bind it to a sink."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        import deepspeed  # noqa: F401
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    return deepspeed
-
-
 def deepspeed_errors(config: dict) -> list[str]:
     """Parse with DeepSpeed's own DeepSpeedConfig (pydantic models, batch arithmetic, sanity checks).
     Outside a launched job DeepSpeed assumes world size 1, so train_batch_size is left for it to derive
     (our own check covers train_batch_size = micro x accumulation x world)."""
-    import_deepspeed_quietly()
+    import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     probe = copy.deepcopy(config)

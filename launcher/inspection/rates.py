@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.files import write_json_atomic
-from launcher.inspection.host import HostProfile
+from launcher.inspection.hostprofile import HostProfile
 from launcher.plan.timing import MFU, Rates
 from launcher.units import GB
 
@@ -311,3 +311,21 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
         nvme_write_bytes_per_s=write,
         sources=sources,
     )
+
+
+def measure_and_cache(nvme_path: str | None, *, quick: bool, log: Callable[[str], None]) -> tuple[ProbeResult, Path]:
+    """`offload-launch probe`: measure this host and cache the figures where later plans on it find them."""
+    from launcher.files import tool_cache_dir
+    from launcher.inspection.host import probe_host
+    from launcher.errors import UserInputError
+
+    host = probe_host(nvme_path)
+    if nvme_path and not host.nvme.aio_usable:
+        raise UserInputError(
+            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL), then probe again"
+        )
+    result = run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=log)
+    path = cache_path(tool_cache_dir())
+    save(result, path)
+    return result, path

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped
+from launcher.deepspeed_logging import import_deepspeed
 from launcher.files import folder_bytes
 from launcher.inspection.host import aio_usable, op_usable
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
@@ -37,7 +39,7 @@ class Problem:
     fatal: bool = True  # False: printed as a warning, the run goes on
 
 
-def check(plan: Plan, own_swap_dir: str | None = None) -> list[Problem]:
+def find_problems(plan: Plan, own_swap_dir: str | None = None) -> list[Problem]:
     """Every problem this host has with the plan's chosen strategy (an empty list: go). `own_swap_dir` is this
     run's folder under --nvme-path: other runs' folders there are reported, this one is reused."""
     chosen, host = plan.chosen, plan.host
@@ -155,6 +157,7 @@ def cpu_adam_buildable() -> bool:
 
 def _prebuilt_ops() -> dict:
     try:
+        import_deepspeed()
         from deepspeed.git_version_info import installed_ops
     except ImportError:
         return {}
@@ -167,3 +170,16 @@ def _ninja_available() -> bool:
     except ImportError:
         return shutil.which("ninja") is not None
     return is_ninja_available()
+
+
+def enforce(plan: Plan, own_swap_dir: str | None, *, fatal: bool, warn: Callable[[str], None]) -> None:
+    """This machine's limits against the plan, before anything is written or started: every non-fatal problem
+    (all of them when not `fatal`, as in a dry run) goes to `warn`; then the first fatal one stops the run
+    with its exit code."""
+    problems = find_problems(plan, own_swap_dir)
+    for problem in problems:
+        if not (fatal and problem.fatal):
+            warn(f"warning: {problem.message}")
+    for problem in problems:
+        if fatal and problem.fatal:
+            raise Stopped(problem.message, problem.exit_code)

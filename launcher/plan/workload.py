@@ -1,16 +1,14 @@
 """The workload: what the user asked to run, as the planner sees it (sequence, batch, precision, the parts of
-the strategy the user pinned, the schedule). Its values are validated where they are declared
-(launcher/settings.py); here live only the rules that tie one to another."""
+the strategy the user pinned, the schedule). Its values are checked by the bounds and rules declared with
+each setting (launcher/settings.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from launcher.errors import UserInputError
+from launcher import settings
 from launcher.plan.memory import Strategy
-
-OFFLOAD_CHOICES = ("auto", "none", "cpu", "nvme")
-PRECISIONS = ("auto", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -35,41 +33,7 @@ class Workload:
     allow_long_seq: bool = False
 
     def __post_init__(self) -> None:
-        errors = []
-        for flag, value in (
-            ("--micro-batch", self.micro_batch),
-            ("--grad-accum", self.grad_accum),
-            ("--steps", self.steps),
-        ):
-            if value < 1:
-                errors.append(f"{flag} must be at least 1, got {value}")
-        if self.seq_len is not None and self.seq_len < 1:
-            errors.append(f"--seq-len must be at least 1, got {self.seq_len}")
-        if self.num_gpus is not None and self.num_gpus < 1:
-            errors.append(f"--num-gpus must be at least 1, got {self.num_gpus}")
-        if self.warmup_steps < 0:
-            errors.append(f"--warmup-steps must not be negative, got {self.warmup_steps}")
-        if not self.lr > 0:
-            errors.append(f"--lr must be positive, got {self.lr}")
-        if self.precision not in PRECISIONS:
-            errors.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision}")
-        if self.zero_stage not in ("auto", "1", "2", "3"):
-            errors.append(f"--zero-stage must be auto, 1, 2 or 3, got {self.zero_stage}")
-        for flag, value in (("--offload-optimizer", self.offload_optimizer), ("--offload-param", self.offload_param)):
-            if value not in OFFLOAD_CHOICES:
-                errors.append(f"{flag} must be one of {', '.join(OFFLOAD_CHOICES)}, got {value}")
-        if self.zero_stage in ("1", "2") and self.offload_param in ("cpu", "nvme"):
-            errors.append(
-                f"--offload-param {self.offload_param} needs ZeRO-3 (parameters are only partitioned at stage 3); "
-                f"drop --zero-stage {self.zero_stage} or use --offload-param none"
-            )
-        if self.zero_stage in ("1", "2") and self.offload_optimizer == "nvme":
-            errors.append(
-                f"--offload-optimizer nvme is supported by DeepSpeed with ZeRO-3 only; drop --zero-stage "
-                f"{self.zero_stage} or use --offload-optimizer cpu"
-            )
-        if errors:
-            raise UserInputError("; ".join(errors))
+        settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
 
     def allows(self, strategy: Strategy) -> bool:
         """Whether `strategy` respects the pinned parts of the choice."""

@@ -42,11 +42,11 @@ def small_shm(tmp_path, monkeypatch):
 
 
 def test_described_hosts_are_not_checked(llama7b_on_a100):
-    assert preflight.check(llama7b_on_a100) == []
+    assert preflight.find_problems(llama7b_on_a100) == []
 
 
 def test_ram_available_now_not_only_installed(llama7b_on_a100):
-    problems = preflight.check(live(llama7b_on_a100))
+    problems = preflight.find_problems(live(llama7b_on_a100))
     ram = next(p for p in problems if p.check == "ram")
     assert ram.exit_code == 3 and ram.fatal
     assert "available now" in ram.message and "stop other jobs" in ram.message
@@ -54,7 +54,7 @@ def test_ram_available_now_not_only_installed(llama7b_on_a100):
 
 def test_memlock_below_the_pinned_buffers(llama7b_on_a100):
     assert llama7b_on_a100.pin_memory and llama7b_on_a100.chosen.strategy.offloads
-    problems = preflight.check(live(llama7b_on_a100, memlock_bytes=64 * 1024))
+    problems = preflight.find_problems(live(llama7b_on_a100, memlock_bytes=64 * 1024))
     memlock = next(p for p in problems if p.check == "memlock")
     assert "memlock limit 64.0 KiB" in memlock.message and "ulimit -l unlimited" in memlock.message
     assert "pin_memory: false" in memlock.message
@@ -62,7 +62,7 @@ def test_memlock_below_the_pinned_buffers(llama7b_on_a100):
 
 def test_shm_too_small_for_cpu_ranks(tiny_llama_dir, small_shm):
     plan = make_plan(inspect_model(str(tiny_llama_dir)), probe_host(), Workload(num_gpus=2, seq_len=64))
-    shm = next(p for p in preflight.check(plan) if p.check == "shm")
+    shm = next(p for p in preflight.find_problems(plan) if p.check == "shm")
     assert "2 ranks on this node need 132.0 MiB" in shm.message and "--shm-size=1g" in shm.message
 
 
@@ -90,7 +90,7 @@ def test_dry_run_prints_failed_checks_as_warnings(tiny_llama_dir, small_shm, tmp
 def test_ops_this_machine_builds(tiny_llama_dir):
     """async_io (libaio-dev, installed by make install) and CPU-Adam are usable here: no problem reported."""
     plan = make_plan(inspect_model(str(tiny_llama_dir)), probe_host(), Workload(offload_optimizer="cpu", seq_len=64))
-    assert [p for p in preflight.check(plan) if p.check in ("cpu_adam", "async_io")] == []
+    assert [p for p in preflight.find_problems(plan) if p.check in ("cpu_adam", "async_io")] == []
     assert preflight.cpu_adam_buildable()
 
 
@@ -103,7 +103,7 @@ def test_unusable_async_io_names_the_package(tiny_llama_dir, tmp_path, monkeypat
         Workload(zero_stage="3", offload_param="nvme", nvme_path=str(nvme), seq_len=64),
     )
     monkeypatch.setattr(preflight, "aio_usable", lambda: False)  # as on a machine without libaio
-    aio = next(p for p in preflight.check(plan) if p.check == "async_io")
+    aio = next(p for p in preflight.find_problems(plan) if p.check == "async_io")
     assert "apt-get install libaio-dev" in aio.message and "libaio-devel" in aio.message
 
 

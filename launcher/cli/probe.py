@@ -1,0 +1,40 @@
+"""`offload-launch probe`: measure this host's rates and cache them for later plans."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from launcher.cli.options import echo_json, option, stdout_to_stderr, user_errors, warn
+
+PROBE_EPILOG = """\b
+Examples:
+  offload-launch probe                          # CPU bandwidth, CPU-Adam, PCIe (with a GPU); about a minute
+  offload-launch probe --nvme-path /local_nvme  # also NVMe read/write through DeepSpeed's async_io
+  offload-launch probe --quick --json           # seconds; prints the figures as one JSON object
+"""
+
+
+@click.command("probe", epilog=PROBE_EPILOG)
+@option("nvme_path", help="Also measure this folder's drive through DeepSpeed's async_io.")
+@click.option("--quick", is_flag=True, help="Small sizes: seconds instead of about a minute (for tests).")
+@option("json", help="Print the figures as one JSON object.")
+@user_errors
+def probe(nvme_path: str | None, quick: bool, **values) -> None:
+    """Measure this host (memory and PCIe bandwidth, CPU-Adam throughput, NVMe) and cache the figures,
+    with the date and the host's identity, where later plans on this host find them."""
+    from launcher.inspection import rates
+
+    with stdout_to_stderr():  # DeepSpeed and the JIT compiler print to stdout; --json owns it
+        result, path = rates.measure_and_cache(nvme_path, quick=quick, log=warn)
+    if values["json"]:
+        echo_json(result.to_json() | {"cache": str(path)})
+        return
+    click.echo(f"host {result.host_id}, {result.date}; cached in {path}")
+    for name, value in result.figures.items():
+        unit = "params/s" if name.endswith("params_per_s") else ("FLOP/s" if "flops" in name else "B/s")
+        scaled = f"{value / 1e9:,.2f} G{unit}" if unit != "FLOP/s" else f"{value / 1e12:,.3f} TFLOP/s"
+        click.echo(f"  {name:<36}{scaled}")
+    if result.aio:
+        click.echo(f"  best aio settings: {json.dumps(result.aio)}")

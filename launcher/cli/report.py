@@ -1,0 +1,28 @@
+"""`offload-launch report RUN`: a run folder as an image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from launcher.cli.options import user_errors
+
+REPORT_EPILOG = """\b
+Examples:
+  offload-launch report runs/demo                  # writes runs/demo/report.png
+  offload-launch report runs/demo --out demo.svg
+"""
+
+
+@click.command("report", epilog=REPORT_EPILOG)
+@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False))
+@click.option("--out", metavar="PNG", help="Image to write (.png, .svg or .pdf) [default: RUN/report.png].")
+@user_errors
+def report(run_dir: str, out: str | None) -> None:
+    """Render a run folder as an image: loss and step time over the steps, the plan's predicted step time,
+    and measured / predicted memory and speed."""
+    from launcher.views import run_chart
+
+    path = run_chart.render_run(Path(run_dir), Path(out) if out else Path(run_dir) / "report.png")
+    click.echo(f"wrote {path}")

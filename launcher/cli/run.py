@@ -1,0 +1,162 @@
+"""`offload-launch run` (also `offload-launch --model M ...`): plan, write the config and, with --data, train;
+with --smoke, check the configuration in minutes. Parses, calls the workflows, prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from launcher import settings
+from launcher.cli.options import ToolError, echo_json, options, typed_values, user_errors, warn
+from launcher.errors import UserInputError
+
+RUN_EPILOG = """\b
+Examples:
+  offload-launch --model meta-llama/Llama-2-7b --dry-run
+  offload-launch --model ./my-model-dir --dry-run --json --host-spec recipes/hosts/1x-a100-80g.yaml --config-out ds.json
+  offload-launch --model meta-llama/Llama-2-70b-hf --dry-run --host-spec recipes/hosts/1x-h100-80g.yaml
+  offload-launch --model mistralai/Mistral-7B --dry-run --zero-stage 3 --offload-optimizer cpu
+  offload-launch --model meta-llama/Llama-2-7b --data ./ds --output-dir runs/llama7b --steps 1000
+  offload-launch --model ./tiny --data ./ds --num-gpus 2 --steps 50
+  offload-launch --model M --data ./ds --hostfile hosts.txt --dry-run -- --ssh_port 2222
+  offload-launch --recipe llama2-7b-1x24g --dry-run                  # offload-launch recipes lists them
+  offload-launch --model M --ds-config my_ds_config.json --dry-run    # your config; "auto" filled from the plan
+  offload-launch --model M --data ./ds --smoke --junit-xml smoke.xml  # check the configuration in minutes
+"""
+SMOKE_ONLY = ("smoke_layers", "junit_xml")
+
+
+@click.command("run", epilog=RUN_EPILOG)
+@options(settings.DECLARATIONS)
+@click.argument("launcher_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- DEEPSPEED_LAUNCHER_ARGS]")
+@click.pass_context
+@user_errors
+def run(ctx: click.Context, launcher_args: tuple[str, ...], **values) -> None:
+    """Plan, write the config and, with --data, train: DeepSpeed's own launcher on a real training loop
+    with DeepSpeedCPUAdam, checkpoints, resume and export. Without --data it prints the plan."""
+    chosen, user = resolve(typed_values(ctx, values))
+    if chosen.smoke:
+        smoke(chosen, user, launcher_args)
+    elif chosen.data is None:
+        plan_only(chosen, user)
+    else:
+        train(chosen, user, launcher_args)
+
+
+def resolve(typed: dict):
+    """The layered settings (defaults < recipe < smoke mode < --ds-config pins < typed) and the user's
+    ds_config, with the combinations `run` refuses."""
+    from launcher import recipes
+    from launcher.config.final import read_user_config, user_pins
+    from launcher.job.smoke_run import MODE_DEFAULTS
+
+    recipe = recipes.find(typed["recipe"]).options if typed.get("recipe") else None
+    if not (typed.get("model") or (recipe or {}).get("model")):
+        raise UserInputError("missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)")
+    user = read_user_config(typed["ds_config"]) if typed.get("ds_config") else None
+    chosen = settings.layer(
+        typed, recipe=recipe, mode=MODE_DEFAULTS if typed.get("smoke") else None, pins=user_pins(user)
+    )
+    smoke_only = [settings.declaration(name).flag for name in SMOKE_ONLY if getattr(chosen, name)]
+    if smoke_only and not chosen.smoke:
+        raise UserInputError(f"{smoke_only[0]} only applies to a smoke test: add --smoke")
+    if chosen.smoke and chosen.data is None:
+        raise UserInputError("--smoke trains a few steps on real data: add --data PATH")
+    if chosen.smoke and chosen.dry_run:
+        raise UserInputError("--smoke and --dry-run exclude each other: a smoke test runs; drop one")
+    return chosen, user
+
+
+def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
+    """The plan on stdout: JSON, rich tables on a terminal, plain text when piped. Exit 3 when nothing fits."""
+    from launcher.plan.build import does_not_fit
+    from launcher.views import plan_view
+
+    if as_json:
+        echo_json(plan_view.plan_json(plan, ds_config))
+    else:
+        from rich.console import Console
+
+        console = Console()  # made here so it writes to this command's stdout (tests capture it)
+        if console.is_terminal:  # a person: bars per memory tier and the step-time split
+            plan_view.print_plan(plan, ds_config, show_config=show_config, console=console)
+        else:  # piped: plain text
+            click.echo(plan_view.plan_text(plan, ds_config, show_config=show_config))
+    if plan.chosen is None:
+        raise does_not_fit(plan)
+
+
+def write_config(path: str | None, ds_config: dict | None) -> None:
+    import json
+
+    if path:
+        Path(path).write_text(json.dumps(ds_config, indent=2) + "\n")
+
+
+def plan_only(chosen, user) -> None:
+    from launcher.config.final import final_config
+    from launcher.files import tool_cache_dir
+    from launcher.plan.build import build_plan
+
+    plan = build_plan(chosen)
+    ds_config = None
+    if plan.chosen:
+        final = final_config(plan, user, cache_dir=tool_cache_dir())
+        for warning in final.warnings:
+            warn(warning)
+        ds_config = final.config
+    show_plan(plan, ds_config, chosen.json)
+    write_config(chosen.config_out, ds_config)
+    if chosen.config_out and not chosen.json:
+        click.echo(f"\nwrote {chosen.config_out}")
+    if not chosen.dry_run and not chosen.json:
+        click.echo("\n(plan only: add --data PATH to train)")
+
+
+def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
+    from launcher.job import train as training
+    from launcher.plan.build import build_plan
+
+    prepared = training.prepare_run(build_plan(chosen), chosen, user=user, launcher_args=launcher_args, warn=warn)
+    if prepared.job is None:
+        show_plan(prepared.plan, None, chosen.json)
+    job, out = prepared.job, prepared.out
+    write_config(chosen.config_out, job.ds_config)
+    if chosen.dry_run or not chosen.json:  # a training run with --json prints one object: the summary at the end
+        show_plan(job.plan, job.ds_config, chosen.json, show_config=chosen.dry_run)
+    if chosen.dry_run:
+        if not chosen.json:
+            click.echo(f"\nwould write {out}/plan.json, ds_config.json, run_spec.json and run:\n{prepared.command}")
+        return
+    training.write_run(prepared, resume=chosen.resume)
+    click.echo(
+        f"\nwrote {out}/plan.json, ds_config.json, run_spec.json\nlaunching: {prepared.command}\n", err=chosen.json
+    )
+    summary = training.launch_run(prepared, stdout_to_stderr=chosen.json)
+    if chosen.json:
+        echo_json(summary)
+        return
+    speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "no new steps (already done)"
+    click.echo(
+        f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
+        f"{speed}, optimizer {summary['optimizer']}, {summary['wall_seconds']:.0f} s\n"
+        f"model: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
+    )
+    for name, ratio in summary.get("ratios", {}).items():
+        click.echo(f"measured / predicted {name}: {ratio:.2f}")
+
+
+def smoke(chosen, user, launcher_args: tuple[str, ...]) -> None:
+    from launcher.job.smoke_run import run_smoke
+    from launcher.views import smoke_report
+
+    report = run_smoke(chosen, user=user, launcher_args=launcher_args, warn=warn)
+    if chosen.junit_xml:
+        smoke_report.write_junit(report, Path(chosen.junit_xml))
+    if chosen.json:
+        echo_json(report.to_json())
+    else:
+        click.echo(smoke_report.text(report))
+    if report.failed:
+        raise ToolError(f"smoke check '{report.failed.name}' failed: {report.failed.message}", report.exit_code)

@@ -1,0 +1,77 @@
+"""The one path from a plan (and the user's own ds_config, if any) to the validated ds_config a run uses.
+
+`final_config()` renders the plan (templates/), merges the user's --ds-config over it ("auto" values filled
+from the plan, linted against it: the first error refused, warnings returned), points NVMe offload at the
+run's own swap folder, and validates the result against the JSON Schema and DeepSpeed's own models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import textfiles
+from launcher.config import dsconfig
+from launcher.errors import UserInputError
+from launcher.plan.planner import Plan
+
+OFFLOAD_SECTIONS = ("offload_optimizer", "offload_param")
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """A user's ds_config (--ds-config) and the file it came from (for messages)."""
+
+    path: str
+    config: dict
+
+
+@dataclass(frozen=True)
+class FinalConfig:
+    config: dict
+    warnings: tuple[str, ...]  # lint warnings about the user's config, each starting with its file name
+
+
+def read_user_config(path: str) -> UserConfig:
+    """A user's ds_config file (JSON), or a one-line error naming the file and the line."""
+    try:
+        text = textfiles.read_text(path)
+    except OSError as exc:
+        raise UserInputError(f"--ds-config {path}: {exc.strerror}; pass an existing ds_config JSON file") from None
+    config = textfiles.parse(text, path, as_json=True)
+    if not isinstance(config, dict):
+        raise UserInputError(f"{path}: a ds_config is a JSON object, got a {type(config).__name__}")
+    return UserConfig(path, config)
+
+
+def user_pins(user: UserConfig | None) -> dict:
+    """The settings the user's ds_config fixes (ZeRO stage, offload devices, batch), as setting values."""
+    if user is None:
+        return {}
+    from launcher.config.lint import pins_from_config
+
+    return pins_from_config(user.config)
+
+
+def final_config(
+    plan: Plan,
+    user: UserConfig | None = None,
+    *,
+    swap_dir: str | None = None,
+    cache_dir: Path | None = None,
+) -> FinalConfig:
+    """The ds_config for `plan`: generated, or the user's with its "auto" values filled from the generated one;
+    NVMe offload swaps into `swap_dir` (the run's own folder on the drive); validated."""
+    config = dsconfig.render(plan, nvme_path=swap_dir)
+    warnings: tuple[str, ...] = ()
+    if user is not None:
+        from launcher.config.lint import apply_user_config
+
+        config, findings = apply_user_config(user.config, config, plan)
+        warnings = tuple(f"{user.path}: {finding}" for finding in findings)
+        for section in OFFLOAD_SECTIONS:  # the user's nvme_path names the drive; the run swaps into its own folder
+            offload = config.get("zero_optimization", {}).get(section, {})
+            if swap_dir and offload.get("device") == "nvme":
+                offload["nvme_path"] = swap_dir
+    dsconfig.validate(config, plan.world_size, cache_dir=cache_dir)
+    return FinalConfig(config, warnings)

@@ -1,0 +1,478 @@
+"""Every setting of offload-launch, declared once.
+
+Each field of `Settings` is one setting: its Python type, its default, and in its metadata the flag, help
+text, choices, bounds and recipe key. Everything else is derived from these declarations:
+- the Click options of `run` and `check` (launcher/cli/options.py),
+- the keys a recipe may set (launcher/recipes.py reads `recipe_keys()`),
+- the options table in docs/options.md (`options_table()`; tests/test_settings.py keeps it in sync),
+- validation: per-setting bounds and choices, then the cross-field rules (`validate()`), with one message
+  per problem naming the flag.
+
+The layering is one function, `layer()`: defaults < recipe < mode defaults (smoke) < the user's
+ds_config pins < what the user typed. Adding a knob is one field here plus its use.
+
+Leaf module: no Click, no torch, nothing heavy, so every part of the tool can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from launcher.errors import UserInputError
+
+OFFLOAD_DEVICES = ("auto", "none", "cpu", "nvme")
+PRECISIONS = ("auto", "bf16", "fp16")
+ZERO_STAGES = ("auto", "1", "2", "3")
+MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm")
+
+
+class Group(str, Enum):
+    """Where a setting belongs; also the section it is listed under in docs/options.md."""
+
+    PLAN = "plan"  # inputs to the plan (model, host, strategy pins, workload)
+    TRAIN = "train"  # a training run (data, run folder, checkpoints, launch)
+    OUTPUT = "output"  # what `run` prints or writes without changing the plan
+    SMOKE = "smoke"  # --smoke mode
+
+
+class Kind(str, Enum):
+    """How a recipe value is read (launcher/recipes.py): relative to the recipe file, a hub id, a host."""
+
+    PLAIN = "plain"
+    PATH = "path"  # relative to the recipe file; `package:` inside the installed package
+    MODEL = "model"  # a folder when one exists (or starts with ./ ../ / ~ package:), else a hub id
+    HOST = "host"  # a described host's name, a file, or `this`
+
+
+def setting(
+    default: object,
+    help: str,
+    *,
+    group: Group,
+    flag: str | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    positive: bool = False,
+    recipe: str | None | bool = True,
+    kind: Kind = Kind.PLAIN,
+    negatable: bool | None = None,
+    file: bool = False,
+    show_default: bool = True,
+) -> object:
+    """One setting's declaration (a dataclass field with its metadata).
+
+    flag: the option name (default: --name-with-dashes). recipe: True (key = field name), a key name, or
+    False (command line only). minimum / positive: the bound `validate()` checks. negatable: a boolean with
+    a --no- twin (default: when it defaults to True). file: a path Click checks is not a folder.
+    """
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "group": group,
+            "flag": flag,
+            "metavar": metavar,
+            "choices": choices,
+            "minimum": minimum,
+            "positive": positive,
+            "recipe": recipe,
+            "kind": kind,
+            "negatable": negatable,
+            "file": file,
+            "show_default": show_default,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings after layering. Constructing it validates it."""
+
+    # --- plan: the model and the host
+    model: str | None = setting(
+        None,
+        "Hugging Face hub id (e.g. meta-llama/Llama-2-7b) or a local directory with config.json.",
+        group=Group.PLAN,
+        metavar="ID|DIR",
+        kind=Kind.MODEL,
+    )
+    recipe: str | None = setting(
+        None,
+        "Start from a recipe (offload-launch recipes lists them); options you type override it.",
+        group=Group.PLAN,
+        metavar="NAME|FILE",
+        recipe=False,
+    )
+    trust_remote_code: bool = setting(False, "Allow model code shipped with the checkpoint.", group=Group.PLAN)
+    ds_config: str | None = setting(
+        None,
+        'Your ds_config as the base: your values win, "auto" values are filled from the plan, and the merged '
+        "result is linted and validated like a generated one. Its ZeRO stage, offload devices, micro-batch and "
+        "accumulation pin the plan.",
+        group=Group.PLAN,
+        metavar="FILE",
+        recipe=False,
+        file=True,
+    )
+    host_spec: str | None = setting(
+        None,
+        "Plan for a described host instead of probing this machine: a name from recipes/hosts "
+        "(e.g. 1x-a100-80g), a YAML/JSON file, or 'this'.",
+        group=Group.PLAN,
+        metavar="NAME|FILE",
+        recipe="host",
+        kind=Kind.HOST,
+        file=True,
+    )
+    nvme_path: str | None = setting(
+        None, "Folder on a local NVMe drive for ZeRO-Infinity swap files.", group=Group.PLAN, metavar="DIR"
+    )
+    num_gpus: int | None = setting(
+        None, "Ranks per node (default: every GPU; 1 on a CPU-only host).", group=Group.PLAN, minimum=1
+    )
+    # --- plan: the strategy, pinned or chosen
+    zero_stage: str = setting("auto", "Pin the ZeRO stage.", group=Group.PLAN, choices=ZERO_STAGES)
+    offload_optimizer: str = setting(
+        "auto", "Pin where the optimizer states and the Adam step live.", group=Group.PLAN, choices=OFFLOAD_DEVICES
+    )
+    offload_param: str = setting(
+        "auto",
+        "Pin where the 16-bit parameters live (cpu/nvme need ZeRO-3).",
+        group=Group.PLAN,
+        choices=OFFLOAD_DEVICES,
+    )
+    # --- plan: the workload
+    seq_len: int | None = setting(
+        None, "Tokens per sequence [default: model maximum, at most 2048].", group=Group.PLAN, minimum=1
+    )
+    allow_long_seq: bool = setting(False, "Allow --seq-len above the model's max positions.", group=Group.PLAN)
+    micro_batch: int = setting(1, "Sequences per rank per step.", group=Group.PLAN, minimum=1)
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", group=Group.PLAN, minimum=1)
+    precision: str = setting(
+        "auto", "16-bit format (auto: bf16 where the GPU has it).", group=Group.PLAN, choices=PRECISIONS
+    )
+    activation_checkpointing: bool = setting(
+        True, "Recompute activations in backward to save memory.", group=Group.PLAN
+    )
+    lr: float = setting(2e-5, "Peak learning rate.", group=Group.PLAN, positive=True)
+    warmup_steps: int = setting(10, "Linear warm-up steps.", group=Group.PLAN, minimum=0)
+    steps: int = setting(100, "Optimizer steps.", group=Group.PLAN, minimum=1)
+    # --- a training run
+    data: str | None = setting(
+        None,
+        "Training data: a datasets save_to_disk folder, or .jsonl/.json/.txt/.parquet/.csv files.",
+        group=Group.TRAIN,
+        metavar="PATH",
+        kind=Kind.PATH,
+    )
+    text_field: str = setting("text", "Field holding the text.", group=Group.TRAIN)
+    tokenizer: str | None = setting(
+        None, "Tokenizer source when the model folder has none.", group=Group.TRAIN, metavar="ID|DIR", kind=Kind.MODEL
+    )
+    output_dir: str | None = setting(
+        None, "Run folder [default: runs/<model name>].", group=Group.TRAIN, metavar="DIR"
+    )
+    epochs: float | None = setting(
+        None, "Passes over the data (overrides --steps).", group=Group.TRAIN, positive=True
+    )
+    save_every: int = setting(
+        0, "Checkpoint every N optimizer steps (0: only at the end).", group=Group.TRAIN, minimum=0
+    )
+    keep_checkpoints: int = setting(2, "Complete checkpoints to keep.", group=Group.TRAIN, minimum=1)
+    resume: bool = setting(
+        True,
+        "Continue from the newest complete checkpoint in --output-dir, or start over.",
+        group=Group.TRAIN,
+    )
+    seed: int = setting(0, "Seed for data order and init.", group=Group.TRAIN)
+    force: bool = setting(False, "Reuse an --output-dir that holds a different run.", group=Group.TRAIN, recipe=False)
+    hostfile: str | None = setting(
+        None,
+        "DeepSpeed hostfile ('host slots=N' per line) for several machines.",
+        group=Group.TRAIN,
+        metavar="FILE",
+        kind=Kind.PATH,
+        file=True,
+    )
+    launcher: str = setting(
+        "pdsh", "How DeepSpeed reaches the other machines.", group=Group.TRAIN, choices=MULTINODE_LAUNCHERS
+    )
+    master_addr: str | None = setting(None, "Address of the rank-0 machine (multi-node).", group=Group.TRAIN)
+    master_port: int | None = setting(None, "Rendezvous port [default: a free port].", group=Group.TRAIN)
+    bind_cores: bool = setting(
+        False,
+        "Pin each rank to its share of cores (DeepSpeed --bind_cores_to_rank, needs numactl).",
+        group=Group.TRAIN,
+        negatable=True,
+    )
+    # --- what `run` prints or writes
+    dry_run: bool = setting(
+        False,
+        "Print the plan, the ds_config and the launch command; start nothing.",
+        group=Group.OUTPUT,
+        recipe=False,
+    )
+    json: bool = setting(
+        False,
+        "Print exactly one JSON object (docs/json.md).",
+        group=Group.OUTPUT,
+        recipe=False,
+    )
+    config_out: str | None = setting(
+        None, "Write the ds_config to PATH.", group=Group.OUTPUT, metavar="PATH", recipe=False, file=True
+    )
+    # --- --smoke
+    smoke: bool = setting(
+        False,
+        "Check the configuration in minutes instead of training: a few steps (--steps, default 3) and named "
+        "checks (config, data, engine, loss, memory, checkpoint, NVMe clean-up); exit 10-18 names the failed one.",
+        group=Group.SMOKE,
+        recipe=False,
+    )
+    smoke_layers: int | None = setting(
+        None,
+        "With --smoke: keep the real shapes but only K transformer layers, random weights.",
+        group=Group.SMOKE,
+        metavar="K",
+        minimum=1,
+        recipe=False,
+    )
+    smoke_timeout: float = setting(
+        15.0,
+        "With --smoke: fail (exit 17) instead of hanging past this many minutes.",
+        group=Group.SMOKE,
+        metavar="MINUTES",
+        positive=True,
+        recipe=False,
+    )
+    smoke_memory_tolerance: float = setting(
+        1.25,
+        "With --smoke: the largest measured / predicted peak memory per tier the memory check accepts.",
+        group=Group.SMOKE,
+        metavar="RATIO",
+        positive=True,
+        recipe=False,
+    )
+    junit_xml: str | None = setting(
+        None,
+        "With --smoke: also write the checks as JUnit XML (one test case per check) for CI.",
+        group=Group.SMOKE,
+        metavar="PATH",
+        recipe=False,
+        file=True,
+    )
+
+    # Not a setting: the names the user typed on the command line (layer() fills it). Modes consult it, e.g.
+    # --smoke picks its learning rate by the model's width unless --lr was typed.
+    typed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        validate({name: getattr(self, name) for name in DECLARATIONS})
+
+
+# ------------------------------------------------------------------------------------------ declarations
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One setting as the rest of the tool sees it."""
+
+    name: str
+    type: type  # int, float, bool or str (None-able settings are Optional of it)
+    default: object
+    help: str
+    group: Group
+    flag: str
+    metavar: str | None
+    choices: tuple[str, ...] | None
+    minimum: float | None
+    positive: bool
+    recipe_key: str | None
+    kind: Kind
+    negatable: bool
+    file: bool
+    show_default: bool
+
+    @property
+    def flags(self) -> str:
+        """As written on the command line: '--resume/--no-resume', '--force', '--seq-len'."""
+        return f"{self.flag}/--no-{self.flag[2:]}" if self.negatable else self.flag
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _base_type(annotation: str) -> type:
+    return _TYPES[annotation.split("|")[0].strip()]
+
+
+def _declare(f: dataclasses.Field) -> Declaration:
+    meta = f.metadata
+    recipe = meta["recipe"]
+    base = _base_type(f.type)
+    negatable = meta["negatable"] if meta["negatable"] is not None else (base is bool and f.default is True)
+    return Declaration(
+        name=f.name,
+        type=base,
+        default=f.default,
+        help=meta["help"],
+        group=meta["group"],
+        flag=meta["flag"] or "--" + f.name.replace("_", "-"),
+        metavar=meta["metavar"],
+        choices=meta["choices"],
+        minimum=meta["minimum"],
+        positive=meta["positive"],
+        recipe_key=(f.name if recipe is True else recipe) or None,
+        kind=meta["kind"],
+        negatable=negatable,
+        file=meta["file"],
+        show_default=meta["show_default"],
+    )
+
+
+DECLARATIONS: dict[str, Declaration] = {f.name: _declare(f) for f in dataclasses.fields(Settings) if f.metadata}
+
+
+def declaration(name: str) -> Declaration:
+    return DECLARATIONS[name]
+
+
+def recipe_keys() -> dict[str, Declaration]:
+    """Recipe key -> the setting it sets (a recipe writes `host:` for --host-spec, `model:` for --model)."""
+    return {d.recipe_key: d for d in DECLARATIONS.values() if d.recipe_key}
+
+
+def defaults() -> dict[str, object]:
+    return {name: d.default for name, d in DECLARATIONS.items()}
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def _bound_problem(d: Declaration, value: object) -> str | None:
+    if value is None or d.type not in (int, float) or isinstance(value, bool):
+        return None
+    if d.minimum is not None and value < d.minimum:
+        bound = "must not be negative" if d.minimum == 0 else f"must be at least {d.minimum:g}"
+        return f"{d.flag} {bound}, got {value}"
+    if d.positive and not value > 0:
+        return f"{d.flag} must be positive, got {value}"
+    return None
+
+
+def _choice_problem(d: Declaration, value: object) -> str | None:
+    if d.choices and value is not None and str(value) not in d.choices:
+        return f"{d.flag} must be one of {', '.join(d.choices)}, got {value}"
+    return None
+
+
+def _offload_needs_zero3(values: Mapping[str, object]) -> str | None:
+    """Parameters are only partitioned, so only offloadable, at ZeRO stage 3 (DeepSpeed's offload_param)."""
+    stage, param = values.get("zero_stage"), values.get("offload_param")
+    if stage in ("1", "2") and param in ("cpu", "nvme"):
+        return (
+            f"--offload-param {param} needs ZeRO-3 (parameters are only partitioned at stage 3); "
+            f"drop --zero-stage {stage} or use --offload-param none"
+        )
+    return None
+
+
+def _nvme_optimizer_needs_zero3(values: Mapping[str, object]) -> str | None:
+    """DeepSpeed swaps optimizer states to NVMe only in ZeRO-3 (stage3.py's optimizer swapper)."""
+    stage = values.get("zero_stage")
+    if stage in ("1", "2") and values.get("offload_optimizer") == "nvme":
+        return (
+            f"--offload-optimizer nvme is supported by DeepSpeed with ZeRO-3 only; drop --zero-stage "
+            f"{stage} or use --offload-optimizer cpu"
+        )
+    return None
+
+
+CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
+    _offload_needs_zero3,
+    _nvme_optimizer_needs_zero3,
+)
+
+
+def problems(values: Mapping[str, object]) -> list[str]:
+    """Every problem with `values` (a partial mapping is fine: absent settings are not checked)."""
+    found = []
+    for name, value in values.items():
+        d = DECLARATIONS.get(name)
+        if d is not None:
+            found += [p for p in (_bound_problem(d, value), _choice_problem(d, value)) if p]
+    return found + [p for rule in CROSS_FIELD_RULES if (p := rule(values))]
+
+
+def validate(values: Mapping[str, object]) -> None:
+    """Raise one UserInputError naming every problem, '; '-separated, flag first."""
+    found = problems(values)
+    if found:
+        raise UserInputError("; ".join(found))
+
+
+# ------------------------------------------------------------------------------------------ layering
+
+
+
+def _contradiction(name: str, typed: object, pinned: object, ds_config: str | None) -> str | None:
+    """A typed value that disagrees with the user's ds_config (a typed 'auto' or the same value agrees)."""
+    mine = str(typed).rstrip("/")
+    if mine in ("auto", str(pinned).rstrip("/")):
+        return None
+    return f"{declaration(name).flag} {typed} contradicts {pinned!r} in --ds-config {ds_config}; set it in one place"
+
+
+def layer(
+    typed: Mapping[str, object],
+    *,
+    recipe: Mapping[str, object] | None = None,
+    mode: Mapping[str, object] | None = None,
+    pins: Mapping[str, object] | None = None,
+) -> Settings:
+    """The run's settings: defaults < recipe < mode defaults < ds_config pins < typed values.
+
+    typed: only what the user typed. mode: defaults of a mode (--smoke runs 3 steps unless --steps is typed,
+    whatever the recipe says). pins: what the user's ds_config fixes (stage, offload devices, batch); a typed
+    value that contradicts a pin is refused, a typed 'auto' yields to it.
+    """
+    values = defaults() | dict(recipe or {}) | dict(mode or {}) | dict(typed)
+    for name, pinned in (pins or {}).items():
+        if name in typed and (problem := _contradiction(name, typed[name], pinned, values["ds_config"])):
+            raise UserInputError(problem)
+        values[name] = pinned
+    return Settings(**values, typed=frozenset(typed))
+
+
+# ------------------------------------------------------------------------------------------ the options table
+
+
+def options_table(groups: Iterable[Group] = tuple(Group)) -> str:
+    """docs/options.md's table of `run` options (Markdown), from the declarations."""
+    titles = {
+        Group.PLAN: "Plan",
+        Group.TRAIN: "Training run (with --data)",
+        Group.OUTPUT: "Output",
+        Group.SMOKE: "Smoke mode",
+    }
+    lines = []
+    for group in groups:
+        lines += [f"**{titles[group]}**", "", "| Option | Default | Recipe key | What it does |", "|---|---|---|---|"]
+        for d in DECLARATIONS.values():
+            if d.group is not group:
+                continue
+            option = d.flags + (f" {d.metavar}" if d.metavar else "")
+            if d.choices:
+                option += " " + "|".join(d.choices)
+            elif not d.metavar and d.type in (int, float):
+                option += " INTEGER" if d.type is int else " FLOAT"
+            default = "" if d.default is None or (d.type is bool and not d.negatable) else f"`{d.default}`"
+            key = f"`{d.recipe_key}`" if d.recipe_key else ""
+            cells = (f"`{option}`", default, key, d.help)
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
