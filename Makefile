@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # with a GPU let pip pick the CUDA build (or keep the one you installed).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
 
-.PHONY: install demo test test-fast bench gpu-smoke lint format clean
+.PHONY: install demo test test-fast bench gpu-smoke lint format docs clean
 
 install: $(STAMP)
 
@@ -39,7 +39,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not e2e and not gpu"
+	$(BIN)/pytest -q -m "not e2e and not gpu and not slow"
 
 # Measured side by side in one run; prints a table and writes bench.json (a few minutes on 2 cores).
 bench: $(STAMP)
@@ -48,9 +48,13 @@ bench: $(STAMP)
 gpu-smoke: $(STAMP)
 	$(BIN)/pytest -q -s -m gpu tests/gpu
 
+# docs/options.md's table is generated from launcher/settings.py (tests/test_settings.py fails when stale).
+docs: $(STAMP)
+	$(BIN)/python scripts/sync_options_doc.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check launcher tests
-	$(BIN)/ruff format --check launcher tests
+	$(BIN)/ruff check launcher tests scripts
+	$(BIN)/ruff format --check launcher tests scripts
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix launcher tests

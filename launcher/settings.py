@@ -17,7 +17,7 @@ Leaf module: no Click, no torch, nothing heavy, so every part of the tool can im
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -153,7 +153,10 @@ class Settings:
     micro_batch: int = setting(1, "Sequences per rank per step.", group=Group.PLAN, minimum=1)
     grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", group=Group.PLAN, minimum=1)
     precision: str = setting(
-        "auto", "16-bit format (auto: bf16 where the GPU has it).", group=Group.PLAN, choices=PRECISIONS
+        "auto",
+        "16-bit format (auto: bf16 where the GPU has it, compute capability >= 8.0; else fp16).",
+        group=Group.PLAN,
+        choices=PRECISIONS,
     )
     activation_checkpointing: bool = setting(
         True, "Recompute activations in backward to save memory.", group=Group.PLAN
@@ -173,12 +176,8 @@ class Settings:
     tokenizer: str | None = setting(
         None, "Tokenizer source when the model folder has none.", group=Group.TRAIN, metavar="ID|DIR", kind=Kind.MODEL
     )
-    output_dir: str | None = setting(
-        None, "Run folder [default: runs/<model name>].", group=Group.TRAIN, metavar="DIR"
-    )
-    epochs: float | None = setting(
-        None, "Passes over the data (overrides --steps).", group=Group.TRAIN, positive=True
-    )
+    output_dir: str | None = setting(None, "Run folder [default: runs/<model name>].", group=Group.TRAIN, metavar="DIR")
+    epochs: float | None = setting(None, "Passes over the data (overrides --steps).", group=Group.TRAIN, positive=True)
     save_every: int = setting(
         0, "Checkpoint every N optimizer steps (0: only at the end).", group=Group.TRAIN, minimum=0
     )
@@ -418,7 +417,6 @@ def validate(values: Mapping[str, object]) -> None:
 # ------------------------------------------------------------------------------------------ layering
 
 
-
 def _contradiction(name: str, typed: object, pinned: object, ds_config: str | None) -> str | None:
     """A typed value that disagrees with the user's ds_config (a typed 'auto' or the same value agrees)."""
     mine = str(typed).rstrip("/")
@@ -451,28 +449,17 @@ def layer(
 # ------------------------------------------------------------------------------------------ the options table
 
 
-def options_table(groups: Iterable[Group] = tuple(Group)) -> str:
-    """docs/options.md's table of `run` options (Markdown), from the declarations."""
-    titles = {
-        Group.PLAN: "Plan",
-        Group.TRAIN: "Training run (with --data)",
-        Group.OUTPUT: "Output",
-        Group.SMOKE: "Smoke mode",
-    }
-    lines = []
-    for group in groups:
-        lines += [f"**{titles[group]}**", "", "| Option | Default | Recipe key | What it does |", "|---|---|---|---|"]
-        for d in DECLARATIONS.values():
-            if d.group is not group:
-                continue
-            option = d.flags + (f" {d.metavar}" if d.metavar else "")
-            if d.choices:
-                option += " " + "|".join(d.choices)
-            elif not d.metavar and d.type in (int, float):
-                option += " INTEGER" if d.type is int else " FLOAT"
-            default = "" if d.default is None or (d.type is bool and not d.negatable) else f"`{d.default}`"
-            key = f"`{d.recipe_key}`" if d.recipe_key else ""
-            cells = (f"`{option}`", default, key, d.help)
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+def options_table() -> str:
+    """docs/options.md's table of `run` options (Markdown), one row per setting in declaration order."""
+    lines = ["| Option | Group | Default | Recipe key | What it does |", "|---|---|---|---|---|"]
+    for d in DECLARATIONS.values():
+        option = d.flags + (f" {d.metavar}" if d.metavar else "")
+        if d.choices:
+            option += " " + "|".join(d.choices)
+        elif not d.metavar and d.type in (int, float):
+            option += " INTEGER" if d.type is int else " FLOAT"
+        default = "" if d.default is None or (d.type is bool and not d.negatable) else f"`{d.default}`"
+        key = f"`{d.recipe_key}`" if d.recipe_key else ""
+        cells = (f"`{option}`", d.group.value, default, key, d.help)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -36,6 +36,8 @@ from launcher.plan.planner import (
 )
 from tests.helpers import HOSTS, save_config, tiny_llama_config
 
+pytestmark = pytest.mark.slow  # the property runs (hypothesis): `make test-fast` leaves them out, `make test` runs them
+
 GiB = 2**30
 TiB = 2**40
 TB = 10**12

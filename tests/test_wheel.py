@@ -22,6 +22,8 @@ import pytest
 from launcher import recipes
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # the wheel build: `make test-fast` leaves them out, `make test` runs them
+
 
 def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, **kwargs)

@@ -21,6 +21,7 @@ def cache_home(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.mark.slow  # the real probe: CPU-Adam and async_io loaded, memory and FLOP rates measured
 def test_quick_probe_measures_caches_and_feeds_the_plan(cache_home, tmp_path, tiny_llama_dir):
     args = ["probe", "--quick", "--json"]
     nvme = None
@@ -96,7 +97,7 @@ def test_cpu_rate_is_taken_at_the_nearest_probed_width():
     )
     assert probe.cpu_flops_for_width(result, 100) == 3e9
     assert probe.cpu_flops_for_width(result, 4096) == 1e9
-    from launcher.inspection.host import load_host_spec
+    from launcher.inspection.hostspec import load_host_spec
     from tests.helpers import host_path
 
     rates = probe.resolve_rates(load_host_spec(host_path("cpu-only")), result, width=128)
