@@ -235,7 +235,8 @@ def verify(out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO))
-    from launcher.data.sources import inspect_data, load_token_blocks
+    from launcher.data.blocks import load_token_blocks
+    from launcher.data.sources import inspect_data
 
     model_dir = out / "tiny-llama"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -21,19 +21,13 @@ from hypothesis import strategies as st
 
 from launcher.config import dsconfig
 from launcher.errors import UserInputError
-from launcher.inspection.host import GpuSpec, HostProfile, NvmeSpec, load_host_spec
+from launcher.inspection.hostprofile import GpuSpec, HostProfile, NvmeSpec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import ModelProfile, inspect_model
 from launcher.inspection.rates import AIO_SWEEP
+from launcher.plan.capacity import usable_cpu_bytes, usable_gpu_bytes, usable_nvme_bytes
 from launcher.plan.memory import CPU_USABLE_FRACTION, GPU_USABLE_FRACTION
-from launcher.plan.planner import (
-    CANDIDATE_ORDER,
-    Plan,
-    Workload,
-    make_plan,
-    usable_cpu_bytes,
-    usable_gpu_bytes,
-    usable_nvme_bytes,
-)
+from launcher.plan.planner import CANDIDATE_ORDER, Plan, Workload, make_plan
 from tests.helpers import HOSTS, save_config, tiny_llama_config
 
 pytestmark = pytest.mark.slow  # the property runs (hypothesis): `make test-fast` leaves them out, `make test` runs them

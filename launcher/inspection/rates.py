@@ -315,9 +315,9 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
 
 def measure_and_cache(nvme_path: str | None, *, quick: bool, log: Callable[[str], None]) -> tuple[ProbeResult, Path]:
     """`offload-launch probe`: measure this host and cache the figures where later plans on it find them."""
+    from launcher.errors import UserInputError
     from launcher.files import tool_cache_dir
     from launcher.inspection.host import probe_host
-    from launcher.errors import UserInputError
 
     host = probe_host(nvme_path)
     if nvme_path and not host.nvme.aio_usable:

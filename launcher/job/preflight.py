@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped
 from launcher.deepspeed_logging import import_deepspeed
+from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped
 from launcher.files import folder_bytes
 from launcher.inspection.host import aio_usable, op_usable
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX

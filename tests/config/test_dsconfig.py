@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from launcher.config import dsconfig
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan.planner import CANDIDATE_ORDER, Workload, make_plan
 from tests.helpers import host_path

@@ -1,5 +1,5 @@
-"""The ds_config linter: one test per check (path and message), generated configs lint clean, the merge's
-decisions, and a fuzz test that no JSON-like input makes it raise."""
+"""The ds_config linter: one test per check (path and message), generated configs lint clean, and a fuzz test
+that no JSON-like input makes it (or the merge) raise."""
 
 from __future__ import annotations
 
@@ -11,34 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.config import dsconfig, lint
+from launcher.config import dsconfig, lint, merge
+from launcher.config.keys import BATCH_KEYS, estimate_config, strategy_of
 from launcher.errors import UserInputError
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
+from launcher.plan.capacity import aligned_partition_numel, usable_cpu_bytes
 from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, aligned_partition_numel, make_plan, usable_cpu_bytes
+from launcher.plan.planner import Workload, make_plan
 from launcher.units import fmt_bytes
 from tests.helpers import host_path
-
-
-@pytest.fixture(scope="module")
-def llama7b():
-    return inspect_model("meta-llama/Llama-2-7b")
-
-
-@pytest.fixture(scope="module")
-def a100():
-    return load_host_spec(host_path("1x-a100-80g"))
-
-
-@pytest.fixture(scope="module")
-def plan7b(llama7b, a100):
-    return make_plan(llama7b, a100, Workload())  # ZeRO-2 + opt->cpu
-
-
-@pytest.fixture
-def good(plan7b):
-    return dsconfig.render(plan7b)
 
 
 def forced_plan(model, host, strategy: Strategy, **workload):
@@ -59,51 +41,6 @@ def only(findings, path):
 
 def errors(findings):
     return [str(f) for f in findings if f.level == "error"]
-
-
-# ------------------------------------------------------------------------------------------ key sets
-
-
-def test_key_sets_come_from_deepspeed_and_are_not_trivial():
-    keys = lint.known_keys()
-    zero = keys["zero_optimization"]
-    assert len(zero) > 40
-    # field names and aliases, deprecated ones included
-    assert {"stage3_prefetch_bucket_size", "prefetch_bucket_size", "cpu_offload", "sub_group_size"} <= zero
-    assert {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"} == set(
-        keys["zero_optimization.offload_param"]
-    )
-    assert {"ratio", "pipeline_read", "fast_init"} <= keys["zero_optimization.offload_optimizer"]
-    assert keys["aio"] == {
-        "block_size",
-        "queue_depth",
-        "intra_op_parallelism",
-        "single_submit",
-        "overlap_events",
-        "use_gds",
-    }
-    assert "check_grad_overflow" in keys["bf16"] and "loss_scale" in keys["fp16"]
-    assert keys["optimizer"] == {"type", "params", "legacy_fusion"} and keys["scheduler"] == {"type", "params"}
-    assert "enabled" in keys["tensorboard"]  # nested model of the monitor config
-    top = keys[""]
-    assert len(top) > 40
-    assert {
-        "train_batch_size",
-        "zero_optimization",
-        "bf16",
-        "aio",
-        "optimizer",
-        "steps_per_print",
-        "tensorboard",
-    } <= top
-    assert not {"nebula", "amp", "params", "type", "enabled"} & top  # removed, or sub-keys read from sections
-
-
-def test_every_knob_maps_to_a_known_key():
-    for key in dsconfig.KNOB_TO_DS_KEY.values():
-        section, _, leaf = key.rpartition(".")
-        for path in [section.replace("*", name) for name in ("optimizer", "param")] if "*" in section else [section]:
-            assert leaf in lint.known_keys()[path], key
 
 
 # ------------------------------------------------------------------------------------------ unknown keys
@@ -258,14 +195,14 @@ def test_offload_param_below_stage_3(good):
     assert finding.message.startswith(
         "offload_param needs ZeRO stage 3 (only stage 3 partitions parameters); at stage 2"
     )
-    assert lint.strategy_of(good) == Strategy(2, "cpu")  # what DeepSpeed will really run
+    assert strategy_of(good) == Strategy(2, "cpu")  # what DeepSpeed will really run
 
 
 def test_nvme_optimizer_below_stage_3_runs_on_cpu(good):
     good["zero_optimization"]["offload_optimizer"] |= {"device": "nvme", "nvme_path": "/nvme/run"}
     finding = only(lint.lint(good, None, 1, deepspeed=False), "zero_optimization.offload_optimizer.device")
     assert finding.level == "warning" and "DeepSpeed keeps the optimizer states in CPU RAM" in finding.message
-    assert lint.strategy_of(good) == Strategy(2, "cpu")
+    assert strategy_of(good) == Strategy(2, "cpu")
 
 
 def test_offload_without_an_optimizer_section_warns(good):
@@ -320,7 +257,7 @@ def test_schema_cross_field_rules_are_all_ported():
     ],
 )
 def test_batch_arithmetic(good, batch, world, message):
-    for key, value in zip(lint.BATCH_KEYS, batch, strict=True):
+    for key, value in zip(BATCH_KEYS, batch, strict=True):
         good.pop(key)
         if value is not None:
             good[key] = value
@@ -342,7 +279,7 @@ def test_offload_that_does_not_fit_the_host_gives_the_numbers(a100):
     llama70b = inspect_model("meta-llama/Llama-2-70b-hf")
     plan = make_plan(llama70b, a100, Workload())
     config = forced_render(plan, Strategy(3, "cpu", "cpu"))
-    _, estimate = lint.estimate_config(config, plan, 1)
+    _, estimate = estimate_config(config, plan, 1)
     finding = only(lint.lint(config, plan, 1), "zero_optimization")
     assert finding.message == (
         "ZeRO-3 + opt->cpu + param->cpu for meta-llama/Llama-2-70b-hf at world size 1 does not fit this host: "
@@ -355,19 +292,12 @@ def test_offload_that_does_not_fit_the_host_gives_the_numbers(a100):
 def test_config_estimate_is_the_planners_for_every_rendered_strategy(plan7b):
     for candidate in plan7b.candidates:
         config = dsconfig.render(replace(plan7b, chosen=replace(candidate, problems=())))
-        strategy, estimate = lint.estimate_config(config, plan7b, plan7b.world_size)
+        strategy, estimate = estimate_config(config, plan7b, plan7b.world_size)
         assert strategy == candidate.strategy and estimate == candidate.memory
         fit = [
             f for f in lint.lint(config, plan7b, plan7b.world_size, deepspeed=False) if f.path == "zero_optimization"
         ]
         assert bool(fit) == (not candidate.fits)
-
-
-def test_bigger_micro_batch_in_the_config_is_what_gets_sized(good, plan7b):
-    _, planned = lint.estimate_config(good, plan7b, 1)
-    good.update(train_micro_batch_size_per_gpu=64, train_batch_size=64)
-    _, bigger = lint.estimate_config(good, plan7b, 1)
-    assert bigger.gpu_terms["activations"] == 64 * planned.gpu_terms["activations"]
 
 
 # ------------------------------------------------------------------------------------------ clean configs
@@ -431,65 +361,6 @@ def test_not_a_mapping_and_bad_world_size():
         lint.lint({}, None, 0)
 
 
-# ------------------------------------------------------------------------------------------ merge
-
-
-HF_STYLE = {
-    "train_batch_size": "auto",
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "gradient_clipping": "auto",
-    "fp16": {"enabled": "auto"},
-    "bf16": {"enabled": "auto"},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "zero_optimization": {
-        "stage": 3,
-        "offload_optimizer": {"device": "cpu"},
-        "reduce_bucket_size": 123456,  # the user's number
-        "stage3_prefetch_bucket_size": "auto",
-        "stage3_param_persistence_threshold": "auto",
-    },
-}
-
-
-def test_merge_fills_auto_and_the_user_wins(llama7b, a100):
-    plan = forced_plan(llama7b, a100, Strategy(3, "cpu"), micro_batch=2, grad_accum=4)
-    generated = dsconfig.render(plan)
-    merged = lint.merge_user_config(HF_STYLE, generated)
-    zero = merged["zero_optimization"]
-    assert zero["reduce_bucket_size"] == 123456  # user wins
-    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)  # auto filled from the plan
-    assert merged["train_batch_size"] == 8 and merged["train_micro_batch_size_per_gpu"] == 2
-    assert merged["optimizer"]["params"]["lr"] == plan.workload.lr
-    assert merged["optimizer"]["params"]["betas"] == [0.9, 0.95]
-    assert merged["bf16"] == {"enabled": True} and merged["fp16"] == {"enabled": False}  # plan has no fp16
-    assert "scheduler" not in merged and "steps_per_print" not in merged  # nothing else added
-    assert "pin_memory" not in zero["offload_optimizer"]
-    assert lint.lint(merged, plan, plan.world_size) == []
-    assert HF_STYLE["train_batch_size"] == "auto"  # inputs untouched
-
-
-def test_merge_auto_without_a_generated_value_names_every_path(good):
-    user = {"zero_optimization": {"stage": 3, "offload_param": {"buffer_size": "auto"}}, "aio": {"block_size": "auto"}}
-    with pytest.raises(UserInputError, match=r"'auto' at zero_optimization.offload_param.buffer_size, aio.block_size"):
-        lint.merge_user_config(user, good)
-
-
-@pytest.mark.parametrize(
-    ("user", "expected"),
-    [
-        ({}, (8, 2, 4)),  # none set: the plan's three
-        ({"train_micro_batch_size_per_gpu": 4}, (16, 4, 4)),  # the plan's accumulation, the user's micro
-        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}, (32, 2, 16)),
-        ({"train_batch_size": 32, "gradient_accumulation_steps": 8}, (32, 4, 8)),
-    ],
-)
-def test_merge_adds_missing_batch_keys_consistently(llama7b, a100, user, expected):
-    generated = dsconfig.render(make_plan(llama7b, a100, Workload(micro_batch=2, grad_accum=4)))
-    merged = lint.merge_user_config(user, generated)
-    assert tuple(merged[key] for key in lint.BATCH_KEYS) == expected
-
-
 # ------------------------------------------------------------------------------------------ fuzz
 
 REAL_KEYS = [
@@ -520,7 +391,7 @@ REAL_KEYS = [
     "nebula",
     "tensorboard",
     "gradient_allreduce_op",
-    *lint.BATCH_KEYS,
+    *BATCH_KEYS,
 ]
 scalars = st.one_of(
     st.none(),
@@ -568,4 +439,4 @@ def test_any_json_like_config_gives_findings_never_a_traceback(mixtral_plan, con
     assert all(isinstance(f.path, str) and f.message for f in findings)
     assert config == before  # lint never mutates its input
     with contextlib.suppress(UserInputError):  # an "auto" with nothing to fill it
-        lint.merge_user_config(config, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1})
+        merge.merge_user_config(config, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1})

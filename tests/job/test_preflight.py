@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.inspection.host import load_host_spec, probe_host
+from launcher.inspection.host import probe_host
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.job import preflight
 from launcher.plan.planner import Workload, make_plan

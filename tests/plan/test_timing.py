@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.inspection.rates import ProbeResult, resolve_rates
 from launcher.plan import timing

@@ -1,0 +1,126 @@
+"""A user's own ds_config (--ds-config) merged over the generated one, and the plan choices it pins.
+
+`merge_user_config` fills the user's "auto" values from the generated config and keeps everything the user
+set; `pins_from_config` reads the choices the plan must size (stage, offload, batch, precision);
+`apply_user_config` merges and lints the result against the plan (lint.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from launcher.config.keys import _MISSING, BATCH_KEYS, _dict, _int, _is_auto
+from launcher.config.lint import Finding, lint
+from launcher.errors import UserInputError
+from launcher.plan.planner import Plan
+
+
+def _fill_auto(value: object, generated: object, path: str, missing: list[str]) -> object:
+    if isinstance(value, dict):
+        source = generated if isinstance(generated, dict) else {}
+        return {
+            key: _fill_auto(item, source.get(key, _MISSING), f"{path}.{key}" if path else str(key), missing)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        source = generated if isinstance(generated, list) and len(generated) == len(value) else None
+        return [
+            _fill_auto(item, source[i] if source else _MISSING, f"{path}.{i}", missing) for i, item in enumerate(value)
+        ]
+    if not _is_auto(value):
+        return copy.deepcopy(value)
+    if generated is not _MISSING and not _is_auto(generated):
+        return copy.deepcopy(generated)
+    if path.rsplit(".", 1)[-1] == "enabled":
+        return False  # a section the generated config leaves out is one the plan did not enable (fp16 on bf16)
+    missing.append(path)
+    return value
+
+
+def _exact(total: int | None, divisor: int | None) -> int | None:
+    return total // divisor if total and divisor and total % divisor == 0 else None
+
+
+def merge_user_config(user: dict, generated: dict) -> dict:
+    """The user's ds_config with the generated one's numbers where the user asked for them.
+
+    Decisions: the user's config is the base and every value the user set wins. A Hugging-Face-style
+    "auto" at any depth (lists by index) is replaced by the generated config's value at the same path;
+    an "auto" `enabled` flag whose section the generated config lacks becomes false (the plan did not
+    enable it, as HF turns off the precision a run does not use); any other "auto" with no generated
+    counterpart is a UserInputError naming every such path. Keys only the generated config has are not
+    added - the user's choices (stage, offload, buckets) stay theirs and `lint` reports what they lack -
+    except the batch keys, which the launcher needs: absent ones are filled so that train_batch_size =
+    micro x accumulation x world holds, keeping the user's values and taking the plan's micro-batch and
+    accumulation for the rest (the world size is the generated config's own quotient).
+    """
+    if not isinstance(user, dict) or not isinstance(generated, dict):
+        raise UserInputError("a ds_config must be a JSON object")
+    missing: list[str] = []
+    merged = _fill_auto(user, generated, "", missing)
+    if missing:
+        raise UserInputError(
+            f"'auto' at {', '.join(missing)} has no generated value to fill it; set a number there, or remove the key"
+        )
+    plan_total, plan_micro, plan_accum = (_int(generated.get(key)) for key in BATCH_KEYS)
+    world = _exact(plan_total, plan_micro * plan_accum if plan_micro and plan_accum else None)
+    if world is None or all(key in merged for key in BATCH_KEYS):
+        return merged
+    total, micro, accum = (_int(merged.get(key)) for key in BATCH_KEYS)
+    if BATCH_KEYS[1] not in merged:
+        micro = _exact(total, accum * world) if total and accum else plan_micro
+    if BATCH_KEYS[2] not in merged:
+        accum = _exact(total, micro * world) if total and micro else plan_accum
+    if BATCH_KEYS[0] not in merged and micro and accum:
+        total = micro * accum * world
+    for key, value in zip(BATCH_KEYS, (total, micro, accum), strict=True):
+        if key not in merged and value is not None:
+            merged[key] = value
+    return merged
+
+
+def pins_from_config(config: dict) -> dict:
+    """The plan choices a user's ds_config makes, as `run` option values (zero_stage, offload_optimizer,
+    offload_param, micro_batch, grad_accum, precision, nvme_path): what --ds-config pins so the plan sizes
+    the configuration that will really run. "auto" and absent values pin nothing."""
+    pins: dict = {}
+    zero = _dict(config.get("zero_optimization"))
+    stage = _int(zero.get("stage"))
+    if stage in (1, 2, 3):
+        pins["zero_stage"] = str(stage)
+    for section, option in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
+        device = _dict(zero.get(section)).get("device")
+        if device in ("none", "cpu", "nvme"):
+            pins[option] = device
+        path = _dict(zero.get(section)).get("nvme_path")
+        if device == "nvme" and isinstance(path, str) and path:
+            pins["nvme_path"] = path
+    for key, option in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+    ):
+        value = _int(config.get(key))
+        if value and value > 0:
+            pins[option] = value
+    for precision in ("bf16", "fp16"):
+        if _dict(config.get(precision)).get("enabled") is True:
+            pins["precision"] = precision
+    return pins
+
+
+def apply_user_config(user: dict, generated: dict, plan: Plan) -> tuple[dict, list[Finding]]:
+    """--ds-config: the user's config merged over the generated one (see merge_user_config; an absent
+    optimizer or scheduler section is taken from the plan, as the HF Trainer creates its own), linted against
+    this plan. Returns (merged, warnings); the first error is a UserInputError (DeepSpeed's own parse is
+    left to dsconfig.validate, which every config goes through)."""
+    merged = merge_user_config(user, generated)
+    for section in ("optimizer", "scheduler"):  # the training loop needs both; the plan's AdamW is CPU-Adam-ready
+        if section not in merged and section in generated:
+            merged[section] = copy.deepcopy(generated[section])
+    findings = lint(merged, plan, plan.world_size, deepspeed=False)
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more: run offload-launch check on it)" if len(errors) > 1 else ""
+        where = f"{errors[0].path}: " if errors[0].path else ""
+        raise UserInputError(f"--ds-config: {where}{errors[0].message}{more}")
+    return merged, findings

@@ -1,0 +1,228 @@
+"""Described hosts (`--host-spec`): a YAML or JSON description read into the same HostProfile a live probe
+gives (host.py). Nothing on this machine is read or checked. Every error names the file, the key and (YAML)
+its line: `host.yaml:3: gpus.memory: ...`; the README's "Described hosts" lists the keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from launcher import textfiles
+from launcher.errors import UserInputError, unknown_key_message
+from launcher.inspection.hostprofile import PCIE_X16_BYTES_PER_S, GpuSpec, HostProfile, NvmeSpec
+from launcher.units import parse_size
+
+DEFAULT_CPU_CORES = 16
+
+_TOP_KEYS = {
+    "name",
+    "gpus",
+    "nodes",
+    "cpu_memory",
+    "cpu_cores",
+    "pcie",
+    "nvme",
+    "memlock",
+    "shm",
+    "cpu_memory_bandwidth",
+    "cpu_adam_params_per_s",
+}
+_GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability"}
+_PCIE_KEYS = {"generation", "width", "bandwidth"}
+_NVME_KEYS = {"path", "free", "is_nvme", "read", "write"}
+
+
+def _check_keys(section: dict, allowed: set[str], where: str, path: str, lines: dict[str, int], prefix: str) -> None:
+    for key in section:
+        if key not in allowed:
+            line = lines.get(prefix + str(key))
+            at = f"{path}:{line}" if line else path
+            raise UserInputError(unknown_key_message(str(key), allowed, f"{where} ({at})"))
+
+
+def _number(value: object, what: str, *, integer: bool = True, minimum: float = 0) -> int | float:
+    if isinstance(value, str) and not integer:
+        with contextlib.suppress(ValueError):  # YAML 1.1 reads 2e9 as a string
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise UserInputError(f"{what}: expected {kind}, got {value!r}")
+    if not math.isfinite(value):
+        raise UserInputError(f"{what}: must be a finite number, got {value}")
+    if value < minimum:
+        raise UserInputError(f"{what}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _mapping(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserInputError(f"{what}: expected a mapping of keys, got {value!r}")
+    return value
+
+
+_BARE_SIZE_MINIMUM = 2**20  # a unit-less size under 1 MiB ("memory: 24") is a forgotten unit, not bytes
+_BARE_NUMBER_RE = re.compile(r"^\s*[0-9]+\s*(/\s*s)?\s*$", re.IGNORECASE)
+
+
+def _size(value: object, what: str, *, per_second: bool = False) -> int:
+    """parse_size, refusing small unit-less numbers: `memory: 24` would plan for 24 bytes of GPU memory."""
+    size = parse_size(value, what, per_second=per_second)
+    bare = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and _BARE_NUMBER_RE.match(value)
+    )
+    if bare and 0 < size < _BARE_SIZE_MINIMUM:
+        unit = "GB/s" if per_second else "GiB"
+        raise UserInputError(
+            f"{what}: {value!r} has no unit, so it reads as {size} bytes{'/s' if per_second else ''}; "
+            f"write it with a unit, e.g. '{size}{unit}'"
+        )
+    return size
+
+
+@dataclass(frozen=True)
+class _Described:
+    """The description being read: its file and (YAML) key lines, to name both in every error."""
+
+    path: str
+    lines: dict[str, int]
+
+    def at(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.path}:{line}: {key}" if line else f"{self.path}: {key}"
+
+    def check_keys(self, section: dict, allowed: set[str], where: str, prefix: str) -> None:
+        _check_keys(section, allowed, where, self.path, self.lines, prefix)
+
+    def rate(self, section: dict, key: str, dotted: str) -> int | None:
+        return _size(section[key], self.at(dotted), per_second=True) if key in section else None
+
+
+def load_host_spec(path: str) -> HostProfile:
+    """A described host from YAML or JSON. Nothing on this machine is read or checked. Every error names
+    the file, the key and (YAML) its line: `host.yaml:3: gpus.memory: ...`. The checks run in a fixed order
+    (top level, gpus, pcie, nvme, then the host-wide sizes), so a description with several mistakes
+    always reports the same one."""
+    spec, described = _read(path)
+    gpus = _gpus(spec, described)
+    pcie = _pcie(spec, described)
+    nvme = _nvme(spec, described)
+    return _host(spec, described, gpus, pcie, nvme)
+
+
+def _read(path: str) -> tuple[dict, _Described]:
+    """The description's top-level mapping, with only known keys and the required ones present."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"--host-spec {path} does not exist; pass a YAML or JSON host description")
+    text = textfiles.read_text(file)
+    data = textfiles.parse(text, path, as_json=file.suffix == ".json")
+    spec = _mapping(data, f"{path}")
+    described = _Described(path, textfiles.key_lines(text) if file.suffix != ".json" else {})
+    described.check_keys(spec, _TOP_KEYS, "host description", "")
+    for required, example in (("gpus", "gpus: {count: 1, memory: 80GiB}"), ("cpu_memory", "cpu_memory: 512GiB")):
+        if required not in spec:
+            raise UserInputError(
+                f"{path}: missing required key '{required}'; add it, e.g. '{example}' (see README, 'Described hosts')"
+            )
+    return spec, described
+
+
+def _gpus(spec: dict, described: _Described) -> GpuSpec:
+    at = described.at
+    gpus_raw = _mapping(spec["gpus"], at("gpus"))
+    described.check_keys(gpus_raw, _GPU_KEYS, "gpus", "gpus.")
+    count = int(_number(gpus_raw.get("count", 0), at("gpus.count")))
+    if count and "memory" not in gpus_raw:
+        raise UserInputError(
+            f"{at('gpus')}: missing required key 'gpus.memory'; add the memory per GPU, e.g. 'memory: 80GiB'"
+        )
+    capability = str(gpus_raw.get("compute_capability", "8.0"))
+    try:
+        major, minor = (int(x) for x in capability.split("."))
+    except ValueError:
+        raise UserInputError(f"{at('gpus.compute_capability')}: must look like '8.0', got {capability!r}") from None
+    tflops = gpus_raw.get("tflops")
+    return GpuSpec(
+        count=count,
+        memory_bytes=_size(gpus_raw.get("memory", 0), at("gpus.memory")) if count else 0,
+        name=str(gpus_raw.get("name", "unknown GPU" if count else "none")),
+        tflops=None if tflops is None else float(_number(tflops, at("gpus.tflops"), integer=False)),
+        compute_capability=(major, minor),
+    )
+
+
+def _pcie(spec: dict, described: _Described) -> dict:
+    """The pcie section, its generation and width checked (its bandwidth is read with the host-wide sizes)."""
+    at = described.at
+    pcie = _mapping(spec.get("pcie", {}), at("pcie"))
+    described.check_keys(pcie, _PCIE_KEYS, "pcie", "pcie.")
+    generation = pcie.get("generation")
+    if generation is not None and (type(generation) is not int or generation not in PCIE_X16_BYTES_PER_S):
+        raise UserInputError(f"{at('pcie.generation')}: must be one of 3, 4, 5, 6; got {generation!r}")
+    width = pcie.get("width")
+    if width is not None and (type(width) is not int or width not in (1, 2, 4, 8, 16)):
+        raise UserInputError(f"{at('pcie.width')}: must be one of 1, 2, 4, 8, 16; got {width!r}")
+    return pcie
+
+
+def _nvme(spec: dict, described: _Described) -> NvmeSpec | None:
+    if spec.get("nvme") is None:
+        return None
+    at = described.at
+    nvme_raw = _mapping(spec["nvme"], at("nvme"))
+    described.check_keys(nvme_raw, _NVME_KEYS, "nvme", "nvme.")
+    for required, example in (("path", "path: /local_nvme"), ("free", "free: 2TB")):
+        if required not in nvme_raw:
+            raise UserInputError(f"{at('nvme')}: missing required key 'nvme.{required}'; add it, e.g. '{example}'")
+    return NvmeSpec(
+        path=str(nvme_raw["path"]),
+        free_bytes=_size(nvme_raw["free"], at("nvme.free")),
+        is_nvme=bool(nvme_raw.get("is_nvme", True)),
+        aio_usable=True,
+        read_bytes_per_s=described.rate(nvme_raw, "read", "nvme.read"),
+        write_bytes_per_s=described.rate(nvme_raw, "write", "nvme.write"),
+    )
+
+
+def _host(spec: dict, described: _Described, gpus: GpuSpec, pcie: dict, nvme: NvmeSpec | None) -> HostProfile:
+    """The HostProfile: the sections read so far, and the host-wide sizes and counts read here."""
+    at = described.at
+    cpu_memory = _size(spec["cpu_memory"], at("cpu_memory"))
+    memlock = spec.get("memlock", "unlimited")
+    return HostProfile(
+        source=str(described.path),
+        gpus=gpus,
+        nodes=int(_number(spec.get("nodes", 1), at("nodes"), minimum=1)),
+        cpu_memory_bytes=cpu_memory,
+        cpu_memory_available_bytes=cpu_memory,
+        cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), at("cpu_cores"), minimum=1)),
+        pcie_generation=pcie.get("generation"),
+        pcie_width=pcie.get("width"),
+        pcie_bandwidth_bytes_per_s=described.rate(pcie, "bandwidth", "pcie.bandwidth"),
+        # memlock stays parse_size: a bare 65536 bytes (64 KiB) is a real, common limit
+        memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, at("memlock")),
+        shm_bytes=_size(spec["shm"], at("shm")) if "shm" in spec else cpu_memory // 2,
+        nvme=nvme,
+        cpu_flags=("avx2", "avx512f"),
+        cpu_memory_bandwidth_bytes_per_s=described.rate(spec, "cpu_memory_bandwidth", "cpu_memory_bandwidth"),
+        cpu_adam_params_per_s=(
+            float(_number(spec["cpu_adam_params_per_s"], at("cpu_adam_params_per_s"), integer=False, minimum=1))
+            if "cpu_adam_params_per_s" in spec
+            else None
+        ),
+        notes=(f"described host {spec['name']}",) if "name" in spec else (),
+    )
+
+
+def with_nvme_path(host: HostProfile, nvme_path: str) -> HostProfile:
+    """A described host given `--nvme-path`: keep its NVMe capacity, use the user's folder name."""
+    if host.nvme is None:
+        raise UserInputError(
+            f"--nvme-path {nvme_path} given, but the host description {host.source} has no 'nvme' section; "
+            "add nvme: {path: ..., free: ...} to it"
+        )
+    return replace(host, nvme=replace(host.nvme, path=nvme_path))

@@ -1,0 +1,39 @@
+"""Sizing for a host: swap buffers hold the largest partition DeepSpeed swaps, sub-groups fit the host's RAM."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.inspection.hostspec import load_host_spec
+from launcher.inspection.model import inspect_model
+from launcher.plan.capacity import aligned_partition_numel
+from launcher.plan.planner import Workload, make_plan
+from tests.helpers import host_path
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    return inspect_model("meta-llama/Llama-2-70b-hf")
+
+
+def plan_for(model, host_text_or_name, write_host=None, **workload):
+    path = host_path(host_text_or_name) if write_host is None else write_host(host_text_or_name)
+    return make_plan(model, load_host_spec(path), Workload(**workload))
+
+
+def test_param_buffer_holds_the_largest_swapped_partition():
+    mixtral = inspect_model("mistralai/Mixtral-8x7B")
+    assert mixtral.largest_param_numel == 939_524_096  # fused experts (FIELD-NOTES)
+    plan = plan_for(mixtral, "1x-a100-80g", zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
+    buckets = plan.chosen.buckets
+    assert buckets.param_buffer_size >= mixtral.largest_param_numel
+    assert buckets.param_buffer_size % 512 == 0
+    assert aligned_partition_numel(1000, 4) == 512 and aligned_partition_numel(2049, 1) == 2560
+
+
+def test_sub_group_size_sized_to_the_host(llama70b, write_host):
+    small = "gpus: {count: 1, memory: 80GiB}\ncpu_memory: 64GiB\nnvme: {path: /n, free: 4TB}\n"
+    plan = plan_for(llama70b, small, write_host, zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
+    buckets = plan.chosen.buckets
+    assert isinstance(buckets.sub_group_size, int) and buckets.sub_group_size < 10**9
+    assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 64 * 2**30
