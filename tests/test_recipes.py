@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from launcher import recipes
 from launcher.cli import cli
 from launcher.errors import UserInputError
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from tests.helpers import HOSTS, REPO, save_config, tiny_llama_config
 
 RECIPE_NAMES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))

@@ -44,7 +44,9 @@ def option(name: str, **overrides):
     d = settings.declaration(name)
     kwargs: dict = {"help": d.help, "metavar": d.metavar}
     if d.type is bool:
-        kwargs |= {"default": d.default, "show_default": True} if d.negatable else {"is_flag": True, "default": d.default}
+        kwargs |= (
+            {"default": d.default, "show_default": True} if d.negatable else {"is_flag": True, "default": d.default}
+        )
     else:
         kwargs["default"] = d.default
         kwargs["show_default"] = d.default is not None and d.show_default

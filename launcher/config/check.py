@@ -40,8 +40,9 @@ def check_config(config_file: str, typed: Mapping[str, object]) -> CheckResult:
     """The findings for `config_file` against the plan for the typed model/host options (the config's own
     micro-batch and accumulation size the activations)."""
     from launcher.config import lint
+    from launcher.config.merge import pins_from_config
 
     user = read_user_config(config_file)
-    pins = {k: v for k, v in lint.pins_from_config(user.config).items() if k in BATCH_PINS}
+    pins = {k: v for k, v in pins_from_config(user.config).items() if k in BATCH_PINS}
     plan = build_plan(settings_schema.layer(typed, pins=pins))
     return CheckResult(config_file, plan, lint.lint(user.config, plan, plan.world_size))

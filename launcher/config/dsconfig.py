@@ -8,12 +8,10 @@ import copy
 import hashlib
 import io
 import json
-import logging
 from functools import cache
 from pathlib import Path
 
 from launcher.deepspeed_logging import import_deepspeed
-from launcher.deepspeed_logging import import_deepspeed as import_deepspeed_quietly  # noqa: F401  TEMP until keys.py moves
 from launcher.errors import OffloadLaunchError
 from launcher.plan.planner import Plan
 from launcher.resources import resource_path

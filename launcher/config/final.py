@@ -48,7 +48,7 @@ def user_pins(user: UserConfig | None) -> dict:
     """The settings the user's ds_config fixes (ZeRO stage, offload devices, batch), as setting values."""
     if user is None:
         return {}
-    from launcher.config.lint import pins_from_config
+    from launcher.config.merge import pins_from_config
 
     return pins_from_config(user.config)
 
@@ -65,7 +65,7 @@ def final_config(
     config = dsconfig.render(plan, nvme_path=swap_dir)
     warnings: tuple[str, ...] = ()
     if user is not None:
-        from launcher.config.lint import apply_user_config
+        from launcher.config.merge import apply_user_config
 
         config, findings = apply_user_config(user.config, config, plan)
         warnings = tuple(f"{user.path}: {finding}" for finding in findings)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from functools import cache
 
 from launcher.config import dsconfig
+from launcher.deepspeed_logging import import_deepspeed
 from launcher.plan import memory
 from launcher.plan.capacity import model_shape, size_buckets
 from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
@@ -83,7 +84,7 @@ def _top_level_reads(module) -> set[str]:
 @cache
 def known_keys() -> dict[str, frozenset[str]]:
     """Valid keys per section path ("" = top level, "zero_optimization.offload_param", "aio" ...)."""
-    dsconfig.import_deepspeed_quietly()
+    import_deepspeed()
     from deepspeed.runtime import config as ds_config
     from deepspeed.runtime import constants
     from deepspeed.runtime.swap_tensor import constants as aio
@@ -122,7 +123,7 @@ def known_keys() -> dict[str, frozenset[str]]:
 @cache
 def removed_keys() -> dict[str, dict[str, str]]:
     """Keys DeepSpeed removed and refuses, with its own message, per section path."""
-    dsconfig.import_deepspeed_quietly()
+    import_deepspeed()
     from deepspeed.runtime import config as ds_config
 
     return {
@@ -202,7 +203,7 @@ def strategy_of(config: dict) -> Strategy:
 
 @cache
 def _zero_models():
-    dsconfig.import_deepspeed_quietly()
+    import_deepspeed()
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import (
         DeepSpeedZeroOffloadOptimizerConfig,

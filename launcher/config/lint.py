@@ -379,19 +379,3 @@ def lint(config: dict, plan: Plan | None, world_size: int, *, deepspeed: bool = 
     if deepspeed and not any(f.level == "error" for f in findings):
         findings += _deepspeed_findings(config)
     return findings
-
-
-# ------------------------------------------------------------------------------------------ moved to merge.py
-
-_MOVED_TO_MERGE = ("apply_user_config", "merge_user_config", "pins_from_config")
-
-
-def __getattr__(name: str):
-    """`lint.apply_user_config` and the other merge functions still resolve here (launcher/cli,
-    launcher/config/check.py and final.py, launcher/job/prepare.py) until their callers import
-    launcher.config.merge. Looked up lazily: merge.py imports this module."""
-    if name in _MOVED_TO_MERGE:
-        from launcher.config import merge
-
-        return getattr(merge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import GpuSpec, HostProfile, NvmeSpec
-from launcher.inspection.hostspec import load_host_spec, with_nvme_path
 
 __all__ = [
     "aio_usable",
@@ -26,10 +25,6 @@ __all__ = [
     "op_usable",
     "probe_host",
     "probe_nvme",
-    # moved to launcher.inspection.hostspec; re-exported until launcher/cli, tests/views, tests/job/test_launch.py
-    # and tests/test_recipes.py import them there
-    "load_host_spec",
-    "with_nvme_path",
 ]
 
 

@@ -53,7 +53,8 @@ def workload(settings: Settings) -> Workload:
 
 def build_plan(settings: Settings) -> Plan:
     """Inspect the host (live, or the described one) and the model, then plan."""
-    from launcher.inspection.host import load_host_spec, probe_host, with_nvme_path
+    from launcher.inspection.host import probe_host
+    from launcher.inspection.hostspec import load_host_spec, with_nvme_path
     from launcher.inspection.model import inspect_model
     from launcher.plan.planner import make_plan
 
@@ -88,15 +89,15 @@ def host_rates(host, nvme_path: str | None, width: int):
 
 def closest_shortfall(plan: Plan) -> str:
     """The candidate that misses by the least (largest need / capacity over its tiers), with its numbers."""
-    from launcher.plan import planner
+    from launcher.plan import capacity
 
     def overshoot(candidate) -> float:
         m, host = candidate.memory, plan.host
-        ratios = [m.cpu_bytes / max(1, planner.usable_cpu_bytes(host))]
+        ratios = [m.cpu_bytes / max(1, capacity.usable_cpu_bytes(host))]
         if host.has_gpu:
-            ratios.append(m.gpu_bytes_per_device / max(1, planner.usable_gpu_bytes(host)))
+            ratios.append(m.gpu_bytes_per_device / max(1, capacity.usable_gpu_bytes(host)))
         if m.nvme_bytes:
-            ratios.append(m.nvme_bytes / max(1, planner.usable_nvme_bytes(host)) if host.nvme else float("inf"))
+            ratios.append(m.nvme_bytes / max(1, capacity.usable_nvme_bytes(host)) if host.nvme else float("inf"))
         return max(ratios)
 
     if not plan.candidates:

@@ -17,13 +17,9 @@ from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
 from launcher.plan import memory, timing
 from launcher.plan.capacity import (
-    aligned_partition_numel,
     fit_problems,
     model_shape,
     size_buckets,
-    usable_cpu_bytes,
-    usable_gpu_bytes,
-    usable_nvme_bytes,
 )
 from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
 from launcher.plan.timing import Rates, StepEstimate
@@ -46,11 +42,6 @@ __all__ = [
     "resolve_precision",
     "resolve_ranks",
     "resolve_seq_len",
-    # moved to launcher.plan.capacity; re-exported until launcher/cli, launcher/views and tests/views import them there
-    "aligned_partition_numel",
-    "usable_cpu_bytes",
-    "usable_gpu_bytes",
-    "usable_nvme_bytes",
 ]
 
 DEFAULT_SEQ_LEN = 2048

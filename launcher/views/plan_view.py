@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from launcher.plan import planner as planning
+from launcher.plan import capacity
 from launcher.plan.planner import Plan
 from launcher.units import fmt_bytes, fmt_count
 
@@ -40,9 +40,9 @@ def plan_json(plan: Plan, ds_config: dict | None) -> dict:
         "strategy": chosen.strategy.to_json() | {"label": chosen.strategy.label} if chosen else None,
         "memory": chosen.memory.to_json() if chosen else None,
         "capacity": {
-            "gpu_bytes_per_device": planning.usable_gpu_bytes(plan.host) if plan.host.has_gpu else None,
-            "cpu_bytes": planning.usable_cpu_bytes(plan.host),
-            "nvme_bytes": planning.usable_nvme_bytes(plan.host) if plan.host.nvme else None,
+            "gpu_bytes_per_device": capacity.usable_gpu_bytes(plan.host) if plan.host.has_gpu else None,
+            "cpu_bytes": capacity.usable_cpu_bytes(plan.host),
+            "nvme_bytes": capacity.usable_nvme_bytes(plan.host) if plan.host.nvme else None,
         },
         "estimates": chosen.timing.to_json() if chosen else None,
         "rates": {
@@ -99,8 +99,8 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     h = plan.host
     lines = header_lines(plan)
     lines.append("")
-    usable_gpu = planning.usable_gpu_bytes(h) if h.has_gpu else None
-    usable_nvme = planning.usable_nvme_bytes(h) if h.nvme else None
+    usable_gpu = capacity.usable_gpu_bytes(h) if h.has_gpu else None
+    usable_nvme = capacity.usable_nvme_bytes(h) if h.nvme else None
     gpu_head = "GPU/device" if h.has_gpu else "per rank*"
     header = (
         f"  {'strategy':<34}{gpu_head:>13}{'CPU/node':>13}{'NVMe/node':>13}  fits"
@@ -109,7 +109,7 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     lines.append(
         "Candidates (bytes needed; usable: "
         f"GPU {fmt_bytes(usable_gpu) if usable_gpu else '-'}, "
-        f"CPU {fmt_bytes(planning.usable_cpu_bytes(h))}, "
+        f"CPU {fmt_bytes(capacity.usable_cpu_bytes(h))}, "
         f"NVMe {fmt_bytes(usable_nvme) if usable_nvme is not None else '-'})"
     )
     lines.append(header)
@@ -209,9 +209,9 @@ def capacities(plan: Plan) -> dict[str, int | None]:
     """Usable bytes per tier (None: the host has no such tier); the bars are drawn against these."""
     h = plan.host
     return {
-        "GPU": planning.usable_gpu_bytes(h) if h.has_gpu else None,
-        "CPU": planning.usable_cpu_bytes(h),
-        "NVMe": planning.usable_nvme_bytes(h) if h.nvme else None,
+        "GPU": capacity.usable_gpu_bytes(h) if h.has_gpu else None,
+        "CPU": capacity.usable_cpu_bytes(h),
+        "NVMe": capacity.usable_nvme_bytes(h) if h.nvme else None,
     }
 
 

@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from launcher.config import dsconfig
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan import planner as planning
+from launcher.plan import capacity
 from launcher.plan.planner import Workload, make_plan
 from launcher.units import GiB, fmt_bytes
 from launcher.views import plan_view as report
@@ -77,13 +77,13 @@ def test_each_tier_has_a_bar_against_its_usable_capacity(offload_plan):
     host = offload_plan.host
     for header in ("GPU/device", "CPU/node", "NVMe/node"):
         assert header in text
-    for usable in (planning.usable_gpu_bytes(host), planning.usable_cpu_bytes(host), planning.usable_nvme_bytes(host)):
+    for usable in (capacity.usable_gpu_bytes(host), capacity.usable_cpu_bytes(host), capacity.usable_nvme_bytes(host)):
         assert f"of {fmt_bytes(usable)}" in text
     zero1 = row(text, "ZeRO-1")  # 128 GiB on a 21.6 GiB GPU: a full bar, then the bytes
     need = offload_plan.candidates[0].memory.gpu_bytes_per_device
     assert "█" * report.BAR_CELLS + f" {fmt_bytes(need):>9}" in zero1
     chosen = offload_plan.chosen.memory
-    share = round(chosen.gpu_bytes_per_device / planning.usable_gpu_bytes(host) * report.BAR_CELLS)
+    share = round(chosen.gpu_bytes_per_device / capacity.usable_gpu_bytes(host) * report.BAR_CELLS)
     bar = "█" * share + "░" * (report.BAR_CELLS - share)
     assert f"{bar} {fmt_bytes(chosen.gpu_bytes_per_device):>9}" in row(text, "ZeRO-2 + opt->cpu")
 

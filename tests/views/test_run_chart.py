@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UserInputError
-from launcher.inspection.host import load_host_spec
+from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan.planner import Workload, make_plan
 from launcher.views import plan_view as report
