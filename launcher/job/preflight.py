@@ -42,74 +42,83 @@ class Problem:
 def find_problems(plan: Plan, own_swap_dir: str | None = None) -> list[Problem]:
     """Every problem this host has with the plan's chosen strategy (an empty list: go). `own_swap_dir` is this
     run's folder under --nvme-path: other runs' folders there are reported, this one is reused."""
-    chosen, host = plan.chosen, plan.host
-    if chosen is None or host.source != "live":
+    if plan.chosen is None or plan.host.source != "live":
         return []
-    strategy = chosen.strategy
-    problems: list[Problem] = []
-    ranks = plan.ranks_per_node
+    found = [check(plan) for check in (_ram, _shm, _memlock, _async_io, _cpu_adam)]
+    problems = [problem for problem in found if problem is not None]
+    nvme_path = plan.workload.nvme_path or (plan.host.nvme.path if plan.host.nvme else None)
+    if nvme_path:
+        problems.extend(stale_swap_problems(nvme_path, own_swap_dir))
+    return problems
 
-    # RAM available now, not only installed: other jobs on a shared machine hold some of it.
+
+def _ram(plan: Plan) -> Problem | None:
+    """RAM available now, not only installed: other jobs on a shared machine hold some of it."""
     import psutil
 
     available = int(psutil.virtual_memory().available)
-    needed = chosen.memory.cpu_bytes
-    if needed > available:
-        problems.append(
-            Problem(
-                "ram",
-                f"the plan needs {fmt_bytes(needed)} of CPU RAM but only {fmt_bytes(available)} is available now "
-                f"({fmt_bytes(host.cpu_memory_bytes)} installed); stop other jobs, or lower --micro-batch/--seq-len",
-                EXIT_DOES_NOT_FIT,
-            )
-        )
+    needed = plan.chosen.memory.cpu_bytes
+    if needed <= available:
+        return None
+    return Problem(
+        "ram",
+        f"the plan needs {fmt_bytes(needed)} of CPU RAM but only {fmt_bytes(available)} is available now "
+        f"({fmt_bytes(plan.host.cpu_memory_bytes)} installed); stop other jobs, or lower --micro-batch/--seq-len",
+        EXIT_DOES_NOT_FIT,
+    )
 
-    if ranks > 1:
-        need_shm = SHM_BYTES_FOR_NCCL if host.has_gpu else ranks * SHM_BYTES_PER_CPU_RANK
-        free_shm = _free_bytes(SHM_PATH)
-        if free_shm is not None and free_shm < need_shm:
-            problems.append(
-                Problem(
-                    "shm",
-                    f"/dev/shm has {fmt_bytes(free_shm)} free, {ranks} ranks on this node need "
-                    f"{fmt_bytes(need_shm)} for DeepSpeed's shared-memory communication; start the container "
-                    f"with --shm-size={max(1, -(-need_shm // 2**30))}g (or mount -o remount,size=... /dev/shm)",
-                )
-            )
 
-    if plan.pin_memory and strategy.offloads and host.memlock_bytes is not None:
-        from launcher.plan.planner import pinned_bytes_per_rank
+def _shm(plan: Plan) -> Problem | None:
+    ranks = plan.ranks_per_node
+    if ranks <= 1:
+        return None
+    need_shm = SHM_BYTES_FOR_NCCL if plan.host.has_gpu else ranks * SHM_BYTES_PER_CPU_RANK
+    free_shm = _free_bytes(SHM_PATH)
+    if free_shm is None or free_shm >= need_shm:
+        return None
+    return Problem(
+        "shm",
+        f"/dev/shm has {fmt_bytes(free_shm)} free, {ranks} ranks on this node need "
+        f"{fmt_bytes(need_shm)} for DeepSpeed's shared-memory communication; start the container "
+        f"with --shm-size={max(1, -(-need_shm // 2**30))}g (or mount -o remount,size=... /dev/shm)",
+    )
 
-        need = pinned_bytes_per_rank(chosen, ranks)
-        if host.memlock_bytes < need:  # the plan turns pinning off itself; this catches a changed limit
-            problems.append(
-                Problem(
-                    "memlock",
-                    f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of pinned buffers per "
-                    "rank; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or set pin_memory: false",
-                )
-            )
 
-    if "nvme" in (strategy.offload_optimizer, strategy.offload_param) and not aio_usable():
-        problems.append(
-            Problem(
-                "async_io",
-                "NVMe offload needs DeepSpeed's async_io op, which cannot be built here (libaio missing): "
-                "install libaio-dev (Debian/Ubuntu: apt-get install libaio-dev) or libaio-devel (RHEL)",
-            )
-        )
+def _memlock(plan: Plan) -> Problem | None:
+    host = plan.host
+    if not (plan.pin_memory and plan.chosen.strategy.offloads and host.memlock_bytes is not None):
+        return None
+    from launcher.plan.planner import pinned_bytes_per_rank
 
-    if strategy.offload_optimizer != "none" and not cpu_adam_buildable():
-        problems.append(
-            Problem(
-                "cpu_adam",
-                "the optimizer is offloaded but DeepSpeed's CPU-Adam op is neither prebuilt nor buildable here: "
-                "install a C++ compiler and ninja (apt-get install g++ ninja-build, or pip install ninja)",
-            )
-        )
-    if plan.workload.nvme_path or (host.nvme and host.nvme.path):
-        problems.extend(stale_swap_problems(plan.workload.nvme_path or host.nvme.path, own_swap_dir))
-    return problems
+    need = pinned_bytes_per_rank(plan.chosen, plan.ranks_per_node)
+    if host.memlock_bytes >= need:  # the plan turns pinning off itself; this catches a changed limit
+        return None
+    return Problem(
+        "memlock",
+        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of pinned buffers per "
+        "rank; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or set pin_memory: false",
+    )
+
+
+def _async_io(plan: Plan) -> Problem | None:
+    strategy = plan.chosen.strategy
+    if "nvme" not in (strategy.offload_optimizer, strategy.offload_param) or aio_usable():
+        return None
+    return Problem(
+        "async_io",
+        "NVMe offload needs DeepSpeed's async_io op, which cannot be built here (libaio missing): "
+        "install libaio-dev (Debian/Ubuntu: apt-get install libaio-dev) or libaio-devel (RHEL)",
+    )
+
+
+def _cpu_adam(plan: Plan) -> Problem | None:
+    if plan.chosen.strategy.offload_optimizer == "none" or cpu_adam_buildable():
+        return None
+    return Problem(
+        "cpu_adam",
+        "the optimizer is offloaded but DeepSpeed's CPU-Adam op is neither prebuilt nor buildable here: "
+        "install a C++ compiler and ninja (apt-get install g++ ninja-build, or pip install ninja)",
+    )
 
 
 def stale_swap_problems(nvme_path: str, own_swap_dir: str | None) -> list[Problem]:
