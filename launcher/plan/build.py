@@ -6,14 +6,14 @@ Heavy imports (transformers, psutil, NVML) stay inside the functions so `--help`
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from launcher.errors import DoesNotFit, UserInputError
 from launcher.files import tool_cache_dir
 from launcher.plan.planner import Plan
 from launcher.plan.workload import Workload
-from launcher.settings import Settings
+from launcher.settings import DECLARATIONS, Settings
 from launcher.units import fmt_bytes
 
 
@@ -32,23 +32,8 @@ def hostfile_nodes(path: str) -> int:
 
 
 def workload(settings: Settings) -> Workload:
-    """The planner's view of the settings."""
-    return Workload(
-        seq_len=settings.seq_len,
-        micro_batch=settings.micro_batch,
-        grad_accum=settings.grad_accum,
-        precision=settings.precision,
-        activation_checkpointing=settings.activation_checkpointing,
-        num_gpus=settings.num_gpus,
-        zero_stage=settings.zero_stage,
-        offload_optimizer=settings.offload_optimizer,
-        offload_param=settings.offload_param,
-        nvme_path=settings.nvme_path,
-        lr=settings.lr,
-        warmup_steps=settings.warmup_steps,
-        steps=settings.steps,
-        allow_long_seq=settings.allow_long_seq,
-    )
+    """The planner's view of the settings: every Workload field that is a setting, by the same name."""
+    return Workload(**{f.name: getattr(settings, f.name) for f in fields(Workload) if f.name in DECLARATIONS})
 
 
 def build_plan(settings: Settings) -> Plan:

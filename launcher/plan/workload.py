@@ -10,27 +10,29 @@ from dataclasses import dataclass
 from launcher import settings
 from launcher.plan.memory import Strategy
 
+DEFAULTS = settings.defaults()  # the workload's defaults are the settings' own
+
 
 @dataclass(frozen=True)
 class Workload:
     """What the user wants to run. `seq_len=None` means the model's maximum, capped at 2048."""
 
-    seq_len: int | None = None
-    micro_batch: int = 1
-    grad_accum: int = 1
-    precision: str = "auto"
-    activation_checkpointing: bool = True
-    num_gpus: int | None = None  # ranks per node; None = every GPU (1 rank on the CPU accelerator)
-    zero_stage: str = "auto"  # "auto" | "1" | "2" | "3"
-    offload_optimizer: str = "auto"
-    offload_param: str = "auto"
-    nvme_path: str | None = None
-    lr: float = 2e-5
-    warmup_steps: int = 10
-    steps: int = 100
+    seq_len: int | None = DEFAULTS["seq_len"]
+    micro_batch: int = DEFAULTS["micro_batch"]
+    grad_accum: int = DEFAULTS["grad_accum"]
+    precision: str = DEFAULTS["precision"]
+    activation_checkpointing: bool = DEFAULTS["activation_checkpointing"]
+    num_gpus: int | None = DEFAULTS["num_gpus"]  # ranks per node; None = every GPU (1 rank on the CPU accelerator)
+    zero_stage: str = DEFAULTS["zero_stage"]  # "auto" | "1" | "2" | "3"
+    offload_optimizer: str = DEFAULTS["offload_optimizer"]
+    offload_param: str = DEFAULTS["offload_param"]
+    nvme_path: str | None = DEFAULTS["nvme_path"]
+    lr: float = DEFAULTS["lr"]
+    warmup_steps: int = DEFAULTS["warmup_steps"]
+    steps: int = DEFAULTS["steps"]
     gradient_clipping: float = 1.0
     weight_decay: float = 0.0
-    allow_long_seq: bool = False
+    allow_long_seq: bool = DEFAULTS["allow_long_seq"]
 
     def __post_init__(self) -> None:
         settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
