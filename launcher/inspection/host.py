@@ -23,12 +23,12 @@ __all__ = [
     "check_nvme_room",
     "disk_free_bytes",
     "op_usable",
-    "probe_host",
-    "probe_nvme",
+    "inspect_host",
+    "inspect_nvme",
 ]
 
 
-def _probe_gpus() -> tuple[GpuSpec, int | None, int | None, list[str]]:
+def _inspect_gpus() -> tuple[GpuSpec, int | None, int | None, list[str]]:
     """GPUs through NVML. No driver / no GPU is a valid answer: count 0."""
     try:
         import pynvml
@@ -138,7 +138,7 @@ def check_nvme_room(
         )
 
 
-def probe_nvme(path: str) -> NvmeSpec:
+def inspect_nvme(path: str) -> NvmeSpec:
     target = check_nvme_folder(path)
     return NvmeSpec(
         path=str(target),
@@ -148,11 +148,11 @@ def probe_nvme(path: str) -> NvmeSpec:
     )
 
 
-def probe_host(nvme_path: str | None = None) -> HostProfile:
+def inspect_host(nvme_path: str | None = None) -> HostProfile:
     """Read this machine: NVML, psutil, /proc, rlimits, /dev/shm, and the NVMe folder when given."""
     import psutil
 
-    gpus, generation, width, notes = _probe_gpus()
+    gpus, generation, width, notes = _inspect_gpus()
     memory = psutil.virtual_memory()
     try:
         shm = shutil.disk_usage("/dev/shm").total
@@ -170,7 +170,7 @@ def probe_host(nvme_path: str | None = None) -> HostProfile:
         pcie_width=width,
         memlock_bytes=_memlock_bytes(),
         shm_bytes=shm,
-        nvme=probe_nvme(nvme_path) if nvme_path else None,
+        nvme=inspect_nvme(nvme_path) if nvme_path else None,
         cpu_flags=_cpu_flags(),
         notes=tuple(notes),
     )

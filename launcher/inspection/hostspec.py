@@ -1,6 +1,6 @@
 """Described hosts (`--host-spec`): a YAML or JSON description read into the same HostProfile a live probe
 gives (host.py). Nothing on this machine is read or checked. Every error names the file, the key and (YAML)
-its line: `host.yaml:3: gpus.memory: ...`; the README's "Described hosts" lists the keys.
+its line: `host.yaml:3: gpus.memory: ...`; docs/recipes-and-hosts.md, "Described hosts", lists the keys.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _read(path: str) -> tuple[dict, _Described]:
     for required, example in (("gpus", "gpus: {count: 1, memory: 80GiB}"), ("cpu_memory", "cpu_memory: 512GiB")):
         if required not in spec:
             raise UserInputError(
-                f"{path}: missing required key '{required}'; add it, e.g. '{example}' (see README, 'Described hosts')"
+                f"{path}: missing required key '{required}'; add it, e.g. '{example}' (see docs/recipes-and-hosts.md, 'Described hosts')"
             )
     return spec, described
 

@@ -317,9 +317,9 @@ def measure_and_cache(nvme_path: str | None, *, quick: bool, log: Callable[[str]
     """`offload-launch probe`: measure this host and cache the figures where later plans on it find them."""
     from launcher.errors import UserInputError
     from launcher.files import tool_cache_dir
-    from launcher.inspection.host import probe_host
+    from launcher.inspection.host import inspect_host
 
-    host = probe_host(nvme_path)
+    host = inspect_host(nvme_path)
     if nvme_path and not host.nvme.aio_usable:
         raise UserInputError(
             "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "

@@ -38,7 +38,7 @@ def workload(settings: Settings) -> Workload:
 
 def build_plan(settings: Settings) -> Plan:
     """Inspect the host (live, or the described one) and the model, then plan."""
-    from launcher.inspection.host import probe_host
+    from launcher.inspection.host import inspect_host
     from launcher.inspection.hostspec import load_host_spec, with_nvme_path
     from launcher.inspection.model import inspect_model
     from launcher.plan.planner import make_plan
@@ -50,7 +50,7 @@ def build_plan(settings: Settings) -> Plan:
         if settings.nvme_path:
             host = with_nvme_path(host, settings.nvme_path)
     else:
-        host = probe_host(settings.nvme_path)
+        host = inspect_host(settings.nvme_path)
     if settings.hostfile:
         host = replace(host, nodes=hostfile_nodes(settings.hostfile))
     model = inspect_model(settings.model, trust_remote_code=settings.trust_remote_code, cache_dir=tool_cache_dir())

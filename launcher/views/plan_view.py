@@ -1,4 +1,4 @@
-"""Render a Plan for people (text tables) and for programs (the `--json` contract, documented in README)."""
+"""Render a Plan for people (text tables) and for programs (the `--json` contract, documented in docs/json.md)."""
 
 from __future__ import annotations
 

@@ -7,13 +7,13 @@ import resource
 import pytest
 
 from launcher.errors import UserInputError
-from launcher.inspection.host import probe_host, probe_nvme
+from launcher.inspection.host import inspect_host, inspect_nvme
 
 
 def test_live_probe_of_this_machine():
     import psutil
 
-    host = probe_host()
+    host = inspect_host()
     assert host.source == "live"
     assert host.cpu_memory_bytes == psutil.virtual_memory().total
     assert 0 < host.cpu_memory_available_bytes <= host.cpu_memory_bytes
@@ -32,7 +32,7 @@ def test_live_probe_of_this_machine():
 
 
 def test_nvme_probe(tmp_path):
-    nvme = probe_nvme(str(tmp_path))
+    nvme = inspect_nvme(str(tmp_path))
     assert nvme.free_bytes > 0 and nvme.path == str(tmp_path)
     assert isinstance(nvme.aio_usable, bool)
 
@@ -43,4 +43,4 @@ def test_nvme_path_errors(tmp_path, kind):
     if kind == "file":
         target.write_text("")
     with pytest.raises(UserInputError, match="does not exist" if kind == "missing" else "not a directory"):
-        probe_nvme(str(target))
+        inspect_nvme(str(target))

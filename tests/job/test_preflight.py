@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.inspection.host import probe_host
+from launcher.inspection.host import inspect_host
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.job import preflight
@@ -62,7 +62,7 @@ def test_memlock_below_the_pinned_buffers(llama7b_on_a100):
 
 
 def test_shm_too_small_for_cpu_ranks(tiny_llama_dir, small_shm):
-    plan = make_plan(inspect_model(str(tiny_llama_dir)), probe_host(), Workload(num_gpus=2, seq_len=64))
+    plan = make_plan(inspect_model(str(tiny_llama_dir)), inspect_host(), Workload(num_gpus=2, seq_len=64))
     shm = next(p for p in preflight.find_problems(plan) if p.check == "shm")
     assert "2 ranks on this node need 132.0 MiB" in shm.message and "--shm-size=1g" in shm.message
 
@@ -90,7 +90,7 @@ def test_dry_run_prints_failed_checks_as_warnings(tiny_llama_dir, small_shm, tmp
 
 def test_ops_this_machine_builds(tiny_llama_dir):
     """async_io (libaio-dev, installed by make install) and CPU-Adam are usable here: no problem reported."""
-    plan = make_plan(inspect_model(str(tiny_llama_dir)), probe_host(), Workload(offload_optimizer="cpu", seq_len=64))
+    plan = make_plan(inspect_model(str(tiny_llama_dir)), inspect_host(), Workload(offload_optimizer="cpu", seq_len=64))
     assert [p for p in preflight.find_problems(plan) if p.check in ("cpu_adam", "async_io")] == []
     assert preflight.cpu_adam_buildable()
 
@@ -100,7 +100,7 @@ def test_unusable_async_io_names_the_package(tiny_llama_dir, tmp_path, monkeypat
     nvme.mkdir()
     plan = make_plan(
         inspect_model(str(tiny_llama_dir)),
-        probe_host(str(nvme)),
+        inspect_host(str(nvme)),
         Workload(zero_stage="3", offload_param="nvme", nvme_path=str(nvme), seq_len=64),
     )
     monkeypatch.setattr(preflight, "aio_usable", lambda: False)  # as on a machine without libaio

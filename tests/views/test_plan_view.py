@@ -17,7 +17,7 @@ from launcher.units import GiB, fmt_bytes
 from launcher.views import plan_view as report
 from tests.helpers import host_path
 
-# The --json contract (README, "JSON contract"): top-level keys in this order.
+# The --json contract (docs/json.md): top-level keys in this order.
 PLAN_JSON_KEYS = [
     "version",
     "fits",
