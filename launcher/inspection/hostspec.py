@@ -126,7 +126,8 @@ def _read(path: str) -> tuple[dict, _Described]:
     for required, example in (("gpus", "gpus: {count: 1, memory: 80GiB}"), ("cpu_memory", "cpu_memory: 512GiB")):
         if required not in spec:
             raise UserInputError(
-                f"{path}: missing required key '{required}'; add it, e.g. '{example}' (see docs/recipes-and-hosts.md, 'Described hosts')"
+                f"{path}: missing required key '{required}'; add it, e.g. '{example}' "
+                "(see docs/recipes-and-hosts.md, 'Described hosts')"
             )
     return spec, described
 
