@@ -4,7 +4,8 @@ Each field of `Settings` is one setting: its Python type, its default, and in it
 text, choices, bounds and recipe key. Everything else is derived from these declarations:
 - the Click options of `run` and `check` (launcher/cli/options.py),
 - the keys a recipe may set (launcher/recipes.py reads `recipe_keys()`),
-- the options table in docs/options.md (`options_table()`; tests/test_settings.py keeps it in sync),
+- the options table in docs/options.md (launcher/views/options_table.py; `make docs` writes it and
+  tests/test_settings.py keeps it in sync),
 - validation: per-setting bounds and choices, then the cross-field rules (`validate()`), with one message
   per problem naming the flag.
 
@@ -444,22 +445,3 @@ def layer(
             raise UserInputError(problem)
         values[name] = pinned
     return Settings(**values, typed=frozenset(typed))
-
-
-# ------------------------------------------------------------------------------------------ the options table
-
-
-def options_table() -> str:
-    """docs/options.md's table of `run` options (Markdown), one row per setting in declaration order."""
-    lines = ["| Option | Group | Default | Recipe key | What it does |", "|---|---|---|---|---|"]
-    for d in DECLARATIONS.values():
-        option = d.flags + (f" {d.metavar}" if d.metavar else "")
-        if d.choices:
-            option += " " + "|".join(d.choices)
-        elif not d.metavar and d.type in (int, float):
-            option += " INTEGER" if d.type is int else " FLOAT"
-        default = "" if d.default is None or (d.type is bool and not d.negatable) else f"`{d.default}`"
-        key = f"`{d.recipe_key}`" if d.recipe_key else ""
-        cells = (f"`{option}`", d.group.value, default, key, d.help)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"

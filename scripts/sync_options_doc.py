@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launcher import settings
+from launcher.views.options_table import options_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "options.md"
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
@@ -16,7 +16,7 @@ BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 def synced(text: str) -> str:
     head, rest = text.split(BEGIN, 1)
     _old, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{settings.options_table()}{END}{tail}"
+    return f"{head}{BEGIN}\n{options_table()}{END}{tail}"
 
 
 def main() -> int:

@@ -60,13 +60,41 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
+    """zero_optimization's computed values: the planned buckets, and where each offloaded part lives."""
+    strategy, buckets = plan.chosen.strategy, plan.chosen.buckets
+    zero: dict = {"reduce_bucket_size": buckets.reduce_bucket_size}
+    if strategy.zero_stage < 3:
+        zero["allgather_bucket_size"] = buckets.allgather_bucket_size
+    else:
+        zero["stage3_prefetch_bucket_size"] = buckets.prefetch_bucket_size
+        zero["stage3_param_persistence_threshold"] = buckets.param_persistence_threshold
+        zero["sub_group_size"] = buckets.sub_group_size
+    if strategy.offload_optimizer != "none":
+        offload = {"pin_memory": plan.pin_memory}
+        if strategy.offload_optimizer == "nvme":
+            offload |= {"nvme_path": nvme_path, "buffer_count": buckets.optimizer_buffer_count}
+        zero["offload_optimizer"] = offload
+    if strategy.offload_param != "none":
+        offload = {"pin_memory": plan.pin_memory}
+        if strategy.offload_param == "nvme":
+            offload |= {
+                "nvme_path": nvme_path,
+                "buffer_count": buckets.param_buffer_count,
+                "buffer_size": buckets.param_buffer_size,
+                "max_in_cpu": buckets.max_in_cpu,
+            }
+        zero["offload_param"] = offload
+    return zero
+
+
 def render(plan: Plan, nvme_path: str | None = None) -> dict:
     """The ds_config for the plan's chosen strategy. `nvme_path` is the run's own swap folder
     (a subfolder of --nvme-path, so two runs sharing a drive never clobber each other)."""
     chosen = plan.chosen
     if chosen is None:
         raise ValueError("render() needs a plan whose strategy fits")
-    strategy, buckets, workload = chosen.strategy, chosen.buckets, plan.workload
+    strategy, workload = chosen.strategy, plan.workload
     fragments = ["base", plan.precision, f"zero{strategy.zero_stage}"]
     if strategy.offload_optimizer != "none":
         fragments.append(f"offload_optimizer_{strategy.offload_optimizer}")
@@ -94,29 +122,7 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
             }
         },
     }
-    zero: dict = {"reduce_bucket_size": buckets.reduce_bucket_size}
-    if strategy.zero_stage < 3:
-        zero["allgather_bucket_size"] = buckets.allgather_bucket_size
-    else:
-        zero["stage3_prefetch_bucket_size"] = buckets.prefetch_bucket_size
-        zero["stage3_param_persistence_threshold"] = buckets.param_persistence_threshold
-        zero["sub_group_size"] = buckets.sub_group_size
-    if strategy.offload_optimizer != "none":
-        offload = {"pin_memory": plan.pin_memory}
-        if strategy.offload_optimizer == "nvme":
-            offload |= {"nvme_path": nvme_path, "buffer_count": buckets.optimizer_buffer_count}
-        zero["offload_optimizer"] = offload
-    if strategy.offload_param != "none":
-        offload = {"pin_memory": plan.pin_memory}
-        if strategy.offload_param == "nvme":
-            offload |= {
-                "nvme_path": nvme_path,
-                "buffer_count": buckets.param_buffer_count,
-                "buffer_size": buckets.param_buffer_size,
-                "max_in_cpu": buckets.max_in_cpu,
-            }
-        zero["offload_param"] = offload
-    computed["zero_optimization"] = zero
+    computed["zero_optimization"] = _zero_section(plan, nvme_path)
     if uses_nvme:
         # The settings `offload-launch probe` measured best on this host; else one aio thread per core the
         # rank can spare, at most 8 (ds_nvme_tune sweeps 1-8).

@@ -226,6 +226,28 @@ class ModelShape:
     persistent_params: int  # elements in tensors below the persistence threshold
 
 
+def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *, world: int) -> dict[str, int]:
+    """Per-rank host buffers the offload machinery allocates besides the states: ZeRO-3's sub-group gradient
+    buffer (CPU) or the optimizer's pinned swap buffers (NVMe), and the parameter swap buffers with the
+    parameters kept in CPU (`max_in_cpu`) when parameters swap to NVMe."""
+    p = shape.params
+    terms: dict[str, int] = {}
+    if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
+        subgroup = optimizer_subgroup_numel(p, world, buckets.sub_group_size, shape.largest_param_numel)
+        if strategy.offload_optimizer == "nvme":
+            terms["optimizer swap buffers (pinned)"] = optimizer_swap_buffer_bytes(
+                subgroup, buckets.optimizer_buffer_count
+            )
+        else:
+            terms["sub-group gradient buffer"] = subgroup * BYTES_FP32
+    if strategy.offload_param == "nvme":
+        terms["param swap buffers (pinned)"] = param_swap_buffer_bytes(
+            buckets.param_buffer_count, buckets.param_buffer_size
+        )
+        terms["params kept in CPU (max_in_cpu)"] = min(buckets.max_in_cpu, p // world) * BYTES_16BIT
+    return terms
+
+
 def estimate(
     shape: ModelShape,
     strategy: Strategy,
@@ -262,19 +284,7 @@ def estimate(
     if has_gpu:
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES
 
-    if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
-        subgroup = optimizer_subgroup_numel(p, n, buckets.sub_group_size, shape.largest_param_numel)
-        if strategy.offload_optimizer == "nvme":
-            cpu_per_rank["optimizer swap buffers (pinned)"] = optimizer_swap_buffer_bytes(
-                subgroup, buckets.optimizer_buffer_count
-            )
-        else:
-            cpu_per_rank["sub-group gradient buffer"] = subgroup * BYTES_FP32
-    if strategy.offload_param == "nvme":
-        cpu_per_rank["param swap buffers (pinned)"] = param_swap_buffer_bytes(
-            buckets.param_buffer_count, buckets.param_buffer_size
-        )
-        cpu_per_rank["params kept in CPU (max_in_cpu)"] = min(buckets.max_in_cpu, p // n) * BYTES_16BIT
+    cpu_per_rank |= host_buffer_bytes(shape, strategy, buckets, world=n)
 
     cpu = {name: value * r for name, value in cpu_per_rank.items()}
     baseline = PROCESS_BASELINE_BYTES_CUDA if has_gpu else PROCESS_BASELINE_BYTES_CPU
