@@ -392,9 +392,39 @@ def _nvme_optimizer_needs_zero3(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _model_given(values: Mapping[str, object]) -> str | None:
+    if "model" in values and values["model"] is None:
+        return "missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)"
+    return None
+
+
+def _smoke_options_need_smoke(values: Mapping[str, object]) -> str | None:
+    if values.get("smoke") is False:
+        for name in ("smoke_layers", "junit_xml"):
+            if values.get(name):
+                return f"{declaration(name).flag} only applies to a smoke test: add --smoke"
+    return None
+
+
+def _smoke_needs_data(values: Mapping[str, object]) -> str | None:
+    if values.get("smoke") and values.get("data") is None:
+        return "--smoke trains a few steps on real data: add --data PATH"
+    return None
+
+
+def _smoke_is_not_a_dry_run(values: Mapping[str, object]) -> str | None:
+    if values.get("smoke") and values.get("dry_run"):
+        return "--smoke and --dry-run exclude each other: a smoke test runs; drop one"
+    return None
+
+
 CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
+    _model_given,
     _offload_needs_zero3,
     _nvme_optimizer_needs_zero3,
+    _smoke_options_need_smoke,
+    _smoke_needs_data,
+    _smoke_is_not_a_dry_run,
 )
 
 

@@ -44,7 +44,7 @@ def test_recipe_keys_come_from_the_settings():
 def test_layering_defaults_recipe_mode_pins_typed():
     """defaults < recipe < mode < ds_config pins < typed: each layer wins over the ones before it."""
     layered = settings.layer(
-        {"micro_batch": 8, "zero_stage": "auto"},
+        {"model": "gpt2", "micro_batch": 8, "zero_stage": "auto"},
         recipe={"steps": 40, "micro_batch": 2, "lr": 1e-4, "seq_len": 64},
         mode={"steps": 3},
         pins={"zero_stage": "3", "grad_accum": 4, "seq_len": 128},
@@ -55,13 +55,14 @@ def test_layering_defaults_recipe_mode_pins_typed():
     assert layered.zero_stage == "3"  # a typed 'auto' yields to the pin
     assert (layered.grad_accum, layered.seq_len) == (4, 128)  # pins over recipe and defaults
     assert layered.warmup_steps == settings.declaration("warmup_steps").default
-    assert layered.typed == {"micro_batch", "zero_stage"}
+    assert layered.typed == {"model", "micro_batch", "zero_stage"}
 
 
 def test_a_typed_value_contradicting_the_ds_config_is_refused():
     with pytest.raises(UserInputError, match="--zero-stage 2 contradicts '3' in --ds-config ds.json"):
-        settings.layer({"zero_stage": "2", "ds_config": "ds.json"}, pins={"zero_stage": "3"})
-    assert settings.layer({"nvme_path": "/nvme/", "ds_config": "x"}, pins={"nvme_path": "/nvme"}).nvme_path == "/nvme"
+        settings.layer({"model": "gpt2", "zero_stage": "2", "ds_config": "ds.json"}, pins={"zero_stage": "3"})
+    typed = {"model": "gpt2", "nvme_path": "/nvme/", "ds_config": "x"}
+    assert settings.layer(typed, pins={"nvme_path": "/nvme"}).nvme_path == "/nvme"
 
 
 @pytest.mark.parametrize(
@@ -76,11 +77,15 @@ def test_a_typed_value_contradicting_the_ds_config_is_refused():
         ({"zero_stage": "2", "offload_param": "cpu"}, "--offload-param cpu needs ZeRO-3"),
         ({"zero_stage": "1", "offload_optimizer": "nvme"}, "with ZeRO-3 only"),
         ({"steps": 0, "seq_len": 0}, "--seq-len must be at least 1, got 0; --steps must be at least 1, got 0"),
+        ({"model": None}, "missing --model ID|DIR"),
+        ({"junit_xml": "x.xml"}, "--junit-xml only applies to a smoke test: add --smoke"),
+        ({"smoke": True}, "--smoke trains a few steps on real data: add --data PATH"),
+        ({"smoke": True, "data": "d", "dry_run": True}, "--smoke and --dry-run exclude each other"),
     ],
 )
 def test_bounds_and_rules_are_checked_with_one_line_naming_the_flag(values, message):
     with pytest.raises(UserInputError, match=re.escape(message)):
-        settings.layer(values)
+        settings.layer({"model": "gpt2"} | values)
     assert "\n" not in "; ".join(settings.problems(values))
 
 

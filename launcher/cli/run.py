@@ -9,7 +9,6 @@ import click
 
 from launcher import settings
 from launcher.cli.options import ToolError, echo_json, options, typed_values, user_errors, warn
-from launcher.errors import UserInputError
 
 RUN_EPILOG = """\b
 Examples:
@@ -24,7 +23,6 @@ Examples:
   offload-launch --model M --ds-config my_ds_config.json --dry-run    # your config; "auto" filled from the plan
   offload-launch --model M --data ./ds --smoke --junit-xml smoke.xml  # check the configuration in minutes
 """
-SMOKE_ONLY = ("smoke_layers", "junit_xml")
 
 
 @click.command("run", epilog=RUN_EPILOG)
@@ -46,26 +44,15 @@ def run(ctx: click.Context, launcher_args: tuple[str, ...], **values) -> None:
 
 def resolve(typed: dict):
     """The layered settings (defaults < recipe < smoke mode < --ds-config pins < typed) and the user's
-    ds_config, with the combinations `run` refuses."""
+    ds_config."""
     from launcher import recipes
     from launcher.config.final import read_user_config, user_pins
     from launcher.job.smoke_run import MODE_DEFAULTS
 
     recipe = recipes.find(typed["recipe"]).options if typed.get("recipe") else None
-    if not (typed.get("model") or (recipe or {}).get("model")):
-        raise UserInputError("missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)")
     user = read_user_config(typed["ds_config"]) if typed.get("ds_config") else None
-    chosen = settings.layer(
-        typed, recipe=recipe, mode=MODE_DEFAULTS if typed.get("smoke") else None, pins=user_pins(user)
-    )
-    smoke_only = [settings.declaration(name).flag for name in SMOKE_ONLY if getattr(chosen, name)]
-    if smoke_only and not chosen.smoke:
-        raise UserInputError(f"{smoke_only[0]} only applies to a smoke test: add --smoke")
-    if chosen.smoke and chosen.data is None:
-        raise UserInputError("--smoke trains a few steps on real data: add --data PATH")
-    if chosen.smoke and chosen.dry_run:
-        raise UserInputError("--smoke and --dry-run exclude each other: a smoke test runs; drop one")
-    return chosen, user
+    mode = MODE_DEFAULTS if typed.get("smoke") else None
+    return settings.layer(typed, recipe=recipe, mode=mode, pins=user_pins(user)), user
 
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
