@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 
 from launcher.config.final import FinalConfig, UserConfig, final_config
@@ -65,9 +66,10 @@ def load_blocks(settings: Settings, model_name: str, seq_len: int, cache_dir: Pa
 
 
 def steps_for_epochs(epochs: float, n_blocks: int, plan: Plan) -> int:
-    """Optimizer steps for `epochs` passes: blocks / (world x micro-batch x accumulation), rounded up."""
+    """Optimizer steps for `epochs` passes: blocks / (world x micro-batch x accumulation), rounded up. In exact
+    arithmetic on the decimal the user typed: in floats 1.1 x 100 blocks is 110.00000000000001, one step too many."""
     per_step = plan.world_size * plan.workload.micro_batch * plan.workload.grad_accum
-    return max(1, math.ceil(epochs * n_blocks / per_step))
+    return max(1, math.ceil(Fraction(str(epochs)) * n_blocks / per_step))
 
 
 def check_nvme_room_for(plan: Plan, swap: str) -> None:

@@ -1,0 +1,111 @@
+"""prepare(): from a plan and the settings to the RunSpec, the final ds_config and the launch command; write()
+puts them in OUT. The bundled demo model and corpus on the described CPU-only host; nothing is launched."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+
+import pytest
+
+from launcher import settings
+from launcher.config.final import UserConfig, user_pins
+from launcher.job import prepare, rundir
+from launcher.job.spec import RunSpec
+from launcher.plan.build import build_plan
+from tests.helpers import REPO, host_path
+
+DEMO = REPO / "launcher" / "demo"
+MODEL_AND_DATA = {"model": "tiny-llama", "data": "data/train.jsonl"}
+NVME_HOST = "gpus: {count: 0}\ncpu_memory: 24GiB\ncpu_cores: 2\nnvme: {path: /mnt/described, free: 1TB}\n"
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # OUT is the relative "out"
+
+
+def demo_settings(pins=None, **typed):
+    base = {name: str(DEMO / path) for name, path in MODEL_AND_DATA.items()} | {"output_dir": "out"}
+    return settings.layer({**base, "host_spec": host_path("cpu-only"), **typed}, pins=pins)
+
+
+def prepared(s, tokenize=False, **kw):
+    return prepare.prepare(build_plan(s), s, output_dir=s.output_dir, tokenize=tokenize, **kw)
+
+
+def test_run_spec_has_absolute_paths_and_the_plans_figures(tmp_path):
+    relative = {name: os.path.relpath(DEMO / path, tmp_path) for name, path in MODEL_AND_DATA.items()}
+    job = prepared(demo_settings(steps=7, seq_len=64, seed=5, **relative))
+    spec, plan = job.spec, job.plan
+    assert spec.output_dir == str(tmp_path / "out") and job.out == tmp_path / "out"
+    assert spec.model == str(DEMO / "tiny-llama") and spec.data == str(DEMO / "data" / "train.jsonl")
+    assert (spec.steps, spec.seq_len, spec.seed) == (7, 64, 5) == (plan.workload.steps, plan.workload.seq_len, 5)
+    assert spec.predicted["step_seconds"] == plan.chosen.timing.step_seconds
+    assert spec.predicted["cpu_bytes_per_node"] == plan.chosen.memory.cpu_bytes
+    assert spec.nvme_swap_dir is None and job.n_blocks is None
+
+
+def test_launch_command_runs_deepspeeds_launcher_on_the_rank_module(tmp_path):
+    job = prepared(demo_settings(master_port=29555), launcher_args=("--force_multi",))
+    assert job.argv[1:3] == ["-m", "deepspeed.launcher.runner"]
+    assert job.argv[-4:] == ["--module", "launcher.rank", "--run-spec", str(tmp_path / "out" / "run_spec.json")]
+    joined = " ".join(job.argv)
+    assert "--num_gpus 1 --master_port 29555" in joined and joined.index("--force_multi") < joined.index("--module")
+    assert job.env["DS_ACCELERATOR"] == "cpu" and job.env["OMP_NUM_THREADS"] == "2"  # the host's 2 cores
+
+
+def test_epochs_set_the_steps_and_the_schedule_length():
+    job = prepared(demo_settings(epochs=2, micro_batch=2, grad_accum=3))
+    steps = math.ceil(2 * job.n_blocks / (1 * 2 * 3))  # world 1 x micro-batch 2 x accumulation 3
+    assert job.n_blocks > 0 and steps != 100  # not the default --steps
+    assert job.plan.workload.steps == job.spec.steps == steps
+    assert job.ds_config["scheduler"]["params"]["total_num_steps"] == steps
+
+
+def test_steps_for_epochs_rounds_a_partial_step_up():
+    plan = build_plan(demo_settings(micro_batch=2, grad_accum=3))  # 6 blocks per optimizer step
+    assert prepare.steps_for_epochs(1, 60, plan) == 10
+    assert prepare.steps_for_epochs(1, 61, plan) == 11
+    assert prepare.steps_for_epochs(0.5, 60, plan) == 5
+    assert prepare.steps_for_epochs(0.01, 60, plan) == 1
+
+
+def test_steps_for_epochs_is_exact_when_the_passes_fill_whole_steps():
+    plan = build_plan(demo_settings())  # 1 block per optimizer step
+    assert prepare.steps_for_epochs(1.1, 100, plan) == 110
+    assert prepare.steps_for_epochs(1.1, 200, replace(plan, workload=replace(plan.workload, micro_batch=2))) == 110
+
+
+def test_without_tokenize_nothing_is_written(tmp_path):
+    prepared(demo_settings(), tokenize=False)
+    assert list(tmp_path.iterdir()) == []
+    job = prepared(demo_settings(), tokenize=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in job.out.iterdir()] == ["cache"]
+    assert job.n_blocks > 0
+
+
+def test_write_puts_files_that_round_trip(tmp_path):
+    job = prepared(demo_settings(steps=7))
+    prepare.write(job)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "plan.json", "run_spec.json"]
+    assert RunSpec.load(out / "run_spec.json") == job.spec
+    assert json.loads((out / "ds_config.json").read_text()) == job.ds_config
+    plan_json = json.loads((out / "plan.json").read_text())
+    assert plan_json["ds_config"] == job.ds_config and plan_json["strategy"]["label"] == job.plan.chosen.strategy.label
+
+
+def test_a_user_config_naming_a_drive_swaps_into_the_runs_own_folder(tmp_path, write_host):
+    drive = str(tmp_path / "drive")
+    offload = {"device": "nvme", "nvme_path": drive}
+    user = UserConfig("mine.json", {"zero_optimization": {"stage": 3, "offload_optimizer": offload}})
+    job = prepared(demo_settings(pins=user_pins(user), host_spec=write_host(NVME_HOST), seq_len=64), user=user)
+    own = rundir.swap_dir(drive, "out")
+    assert job.ds_config["zero_optimization"]["offload_optimizer"]["nvme_path"] == own != drive
+    assert job.spec.nvme_swap_dir == own
+    assert user.config["zero_optimization"]["offload_optimizer"]["nvme_path"] == drive  # the user's stays as is
+    prepare.write(job)
+    assert (tmp_path / "drive").is_dir() and [p.name for p in (tmp_path / "drive").iterdir()] == [own.split("/")[-1]]
