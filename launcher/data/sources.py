@@ -269,18 +269,3 @@ def _pyarrow_parquet():
     except ImportError:
         raise UserInputError("reading .parquet files needs the 'pyarrow' package; pip install pyarrow") from None
     return pyarrow.parquet
-
-
-# ------------------------------------------------------------------------------------ moved to blocks.py
-
-_MOVED_TO_BLOCKS = ("load_token_blocks",)
-
-
-def __getattr__(name: str):
-    """`from launcher.data.sources import load_token_blocks` still works (launcher/rank/trainer.py) until its
-    importers name launcher.data.blocks. Looked up lazily: blocks.py imports this module."""
-    if name in _MOVED_TO_BLOCKS:
-        from launcher.data import blocks
-
-        return getattr(blocks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

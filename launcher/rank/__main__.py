@@ -2,6 +2,6 @@
 
 import sys
 
-from launcher.rank.trainer import main
+from launcher.rank.main import main
 
 sys.exit(main())

@@ -201,7 +201,7 @@ def test_timeout_fails_cleanly_and_leaves_no_rank(tiny_model, tiny_data, tmp_pat
 
 
 def test_run_check_fails_when_a_rank_dies(tiny_model, tiny_data, tmp_path):
-    env = dict(os.environ, OFFLOAD_LAUNCH_KILL_AT="step:2")  # SIGKILL rank 0 before its second step
+    env = dict(os.environ, OFFLOAD_LAUNCH_KILL_AT="step:2")  # SIGKILL rank 0 in its second step
     argv = [sys.executable, "-m", "launcher", "--model", str(tiny_model), "--data", str(tiny_data)]
     proc = subprocess.run(
         [*argv, "--output-dir", str(tmp_path / "out"), *SMOKE],

@@ -11,7 +11,7 @@ from launcher.cli import cli
 from launcher.errors import UserInputError
 from launcher.files import write_json_atomic
 from launcher.job import launch, rundir
-from launcher.rank.trainer import COMPLETE_MARKER, complete_checkpoints, trim_metrics
+from launcher.rank.checkpoints import COMPLETE_MARKER, complete_checkpoints, trim_metrics
 from tests.helpers import host_path
 
 
@@ -164,7 +164,7 @@ def test_metrics_are_trimmed_to_the_resumed_step(tmp_path):
 
 
 def test_epochs_become_optimizer_steps():
-    from launcher.inspection.host import load_host_spec
+    from launcher.inspection.hostspec import load_host_spec
     from launcher.inspection.model import inspect_model
     from launcher.job.prepare import steps_for_epochs
     from launcher.plan.planner import Workload, make_plan

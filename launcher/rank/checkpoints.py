@@ -1,0 +1,216 @@
+"""Checkpoints: which ones are complete, saving, loading and resuming, and the kill-point fault drill.
+
+A checkpoint is OUT/checkpoints/stepN as DeepSpeed writes it, plus a completion marker (COMPLETE_MARKER) written
+last, by rank 0, once every rank finished writing: a folder without it was cut short and is never resumed from.
+Old checkpoints beyond --keep-checkpoints are removed only after the new one is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.files import folder_bytes, write_json_atomic
+from launcher.job.spec import RunSpec
+from launcher.units import fmt_bytes
+
+COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
+# Fault drills: OFFLOAD_LAUNCH_KILL_AT=step:N kills rank 0 with SIGKILL in the middle of step N (after the
+# first backward), =checkpoint:N after DeepSpeed wrote checkpoint N but before its completion marker. Used by
+# the fault tests, and by anyone who wants to see their own setup survive a crash before trusting it.
+KILL_AT_ENV = "OFFLOAD_LAUNCH_KILL_AT"
+CHECKPOINT_BYTES_PER_PARAM = 2 + 12  # 16-bit module + fp32 master and Adam's two moments (ZeRO paper, 16 B - grads)
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:
+    """(step, tag) of every checkpoint whose completion marker exists, oldest first."""
+    found = []
+    if checkpoint_dir.is_dir():
+        for marker in checkpoint_dir.glob(f"*/{COMPLETE_MARKER}"):
+            with contextlib.suppress(ValueError, KeyError, OSError):
+                found.append((int(json.loads(marker.read_text())["step"]), marker.parent.name))
+    return sorted(found)
+
+
+def discard_incomplete(checkpoint_dir: Path) -> list[str]:
+    """Remove checkpoint folders without a completion marker: a run stopped while writing them. They are never
+    resumed from, and removing them gives their disk space back before the next save."""
+    complete = {tag for _step, tag in complete_checkpoints(checkpoint_dir)}
+    removed = []
+    if checkpoint_dir.is_dir():
+        for folder in sorted(checkpoint_dir.iterdir()):
+            if folder.is_dir() and folder.name not in complete:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+    return removed
+
+
+def mark_complete(checkpoint_dir: Path, tag: str, step: int, keep: int) -> list[str]:
+    """Write TAG's completion marker, then remove the complete checkpoints older than the newest `keep`;
+    the tags removed. Rank 0 only, after every rank finished writing TAG."""
+    write_json_atomic(checkpoint_dir / tag / COMPLETE_MARKER, {"step": step, "time": time.time()})
+    removed = [old_tag for _old_step, old_tag in complete_checkpoints(checkpoint_dir)[:-keep]]
+    for old_tag in removed:
+        shutil.rmtree(checkpoint_dir / old_tag, ignore_errors=True)
+    return removed
+
+
+def previous_checkpoint(checkpoint_dir: Path) -> str:
+    """What a failed or skipped save leaves to resume from, for its message."""
+    newest = complete_checkpoints(checkpoint_dir)
+    return f"checkpoint {newest[-1][1]} is intact" if newest else "there is no earlier checkpoint"
+
+
+def checkpoint_bytes(checkpoint_dir: Path, params: int) -> int:
+    """What the next checkpoint will take on disk: the newest complete one's size when there is one
+    (exact), else 14 bytes per parameter (16-bit weights + fp32 master weights and two Adam moments)."""
+    newest = complete_checkpoints(checkpoint_dir)
+    if newest:
+        return folder_bytes(str(checkpoint_dir / newest[-1][1]))
+    return CHECKPOINT_BYTES_PER_PARAM * params
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the metrics of steps <= last_step: steps after the checkpoint are trained again on resume,
+    so each step appears exactly once."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def kill_point(where: str, step: int, rank: int) -> None:
+    """SIGKILL this rank (rank 0 only) when OFFLOAD_LAUNCH_KILL_AT names this point: a real crash, on cue."""
+    if rank == 0 and os.environ.get(KILL_AT_ENV) == f"{where}:{step}":
+        print(f"[offload-launch] {KILL_AT_ENV}={where}:{step}: killing rank 0", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------- engine
+
+
+class CheckpointStore:
+    """One rank's checkpoint I/O through the DeepSpeed engine. Every method is collective: all ranks call it."""
+
+    def __init__(self, engine, spec: RunSpec, rank: int, zero: dict, log: Callable[[str], None]):
+        import torch.distributed as dist
+
+        self.engine, self.spec, self.rank, self.zero, self.log = engine, spec, rank, zero, log
+        self.dist = dist
+        self.directory = spec.checkpoint_dir
+        self.skipped: list[int] = []  # steps whose checkpoint was skipped for lack of disk space
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint; the optimizer step to continue after (0 = fresh)."""
+        if not self.spec.resume:
+            return 0
+        if self.rank == 0:
+            for tag in discard_incomplete(self.directory):
+                self.log(f"removed incomplete checkpoint {tag} (the run stopped while writing it)")
+        self.dist.barrier()
+        checkpoints = complete_checkpoints(self.directory)
+        if not checkpoints:
+            return 0
+        step, tag = checkpoints[-1]
+        load_path, client_state = self.load(self.directory, tag)
+        if load_path is None:
+            raise SystemExit(f"checkpoint {self.directory / tag} could not be loaded")
+        self.log(f"resumed from {tag} (step {step})")
+        return int(client_state.get("step", step))
+
+    def save(self, step: int) -> None:
+        """DeepSpeed checkpoint, then the completion marker (rank 0, after every rank finished writing),
+        then old checkpoints beyond --keep-checkpoints are removed - so the previous checkpoint stays intact
+        until the new one is complete.
+
+        A disk without room for it skips this save (every rank agrees) with a warning and training goes on:
+        the next save tries again. A write that fails anyway (the disk filled meanwhile) removes the partial
+        folder and stops the run with the reason; rerunning resumes from the previous checkpoint."""
+        tag = f"step{step}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self._room_for(tag):
+            self.skipped.append(step)
+            return
+        try:
+            self.write(self.directory, tag, step)
+        except (OSError, RuntimeError) as exc:
+            shutil.rmtree(self.directory / tag, ignore_errors=True)
+            reason = " ".join(str(exc).split())[:200]
+            raise SystemExit(
+                f"[offload-launch] checkpoint {tag} failed while writing to {self.directory}: {reason}; removed the "
+                f"partial folder; {previous_checkpoint(self.directory)}; "
+                "free space (df -h) and rerun the same command to resume"
+            ) from None
+        kill_point("checkpoint", step, self.rank)
+        self.dist.barrier()
+        if self.rank == 0:
+            mark_complete(self.directory, tag, step, self.spec.keep_checkpoints)
+        self.dist.barrier()
+
+    def _room_for(self, tag: str) -> bool:
+        """Whether every rank's disk has room for the next checkpoint; warns when one has not."""
+        import torch
+
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        needed = checkpoint_bytes(self.directory, params)
+        free = shutil.disk_usage(self.directory).free
+        room = torch.tensor([1 if free >= needed else 0], device=self.engine.device)
+        self.dist.all_reduce(room, op=self.dist.ReduceOp.MIN)
+        if not room.item():
+            self.log(
+                f"warning: checkpoint {tag} skipped: it needs about {fmt_bytes(needed)} and {self.directory} "
+                f"has {fmt_bytes(free)} free on some rank; {previous_checkpoint(self.directory)}; "
+                "free space there (the next save tries again)"
+            )
+        return bool(room.item())
+
+    def write(self, folder: Path, tag: str, step: int) -> None:
+        """DeepSpeed's save_checkpoint (with the optimizer on NVMe it also copies the swap files - fp32
+        weights and Adam's moments - into TAG/offloaded_tensors). Collective: every rank calls it."""
+        self.engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step})
+
+    def load(self, folder: Path, tag: str):
+        """DeepSpeed's load_checkpoint, then - with ZeRO-3 and the optimizer on NVMe - the 16-bit weights
+        refreshed from the restored fp32 ones. DeepSpeed 0.19 copies the swap files back only after it
+        rebuilt the 16-bit partitions, and skips that rebuild for swapped-out groups, so the weights the next
+        forward pass uses would be the ones from before the load (the smoke checkpoint check caught it)."""
+        load_path, client_state = self.engine.load_checkpoint(str(folder), tag=tag)
+        if load_path is not None and self._optimizer_swapped():
+            self._refresh_16bit_weights()
+            self.log(f"refreshed the 16-bit weights of {tag} from its fp32 weights (optimizer on NVMe)")
+        scheduler = self.engine.lr_scheduler
+        if load_path is not None and scheduler is not None and hasattr(scheduler, "get_lr"):
+            # The restored schedule's rate for the next step; with the optimizer on NVMe DeepSpeed leaves the
+            # optimizer's own learning rate at 0 until the scheduler steps again (one update lost otherwise).
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr(), strict=False):
+                group["lr"] = lr
+        return load_path, client_state
+
+    def _refresh_16bit_weights(self) -> None:
+        import deepspeed
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        for param in self.engine.module.parameters():
+            full = safe_get_full_fp32_param(param)  # collective: every rank, same order
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                if self.rank == 0:
+                    param.data.copy_(full.reshape(param.shape).to(param.dtype))
+
+    def _optimizer_swapped(self) -> bool:
+        return self.zero.get("stage") == 3 and self.zero.get("offload_optimizer", {}).get("device") == "nvme"

@@ -1,0 +1,44 @@
+"""Per-rank training entry point, started by DeepSpeed's launcher:
+
+    python -m deepspeed.launcher.runner ... --no_local_rank --module launcher.rank --run-spec OUT/run_spec.json
+
+It knows nothing about planning: it reads a run spec (paths, steps, seed) and OUT/ds_config.json, so a
+user can also start it under their own launcher. Every rank runs this file; rank 0 writes the files:
+OUT/run.json after a training run, OUT/smoke.json after a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launcher.files import write_json_atomic
+from launcher.job.smoke import RESULT_FILE
+from launcher.job.spec import RunSpec
+from launcher.rank.progress import SUMMARY_FILE
+from launcher.rank.smoke_checks import run_checks
+from launcher.rank.trainer import Trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-spec", required=True, help="OUT/run_spec.json written by offload-launch")
+    args = parser.parse_args(argv)
+    spec = RunSpec.load(args.run_spec)
+    trainer = Trainer(spec)
+    try:
+        if spec.smoke:
+            checks = run_checks(trainer)
+            if trainer.rank == 0:
+                write_json_atomic(spec.out / RESULT_FILE, {"checks": checks})
+            return 0
+        summary = trainer.fit()
+        if trainer.rank == 0:
+            write_json_atomic(spec.out / SUMMARY_FILE, summary)
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Progress: the progress bar, OUT/metrics.jsonl (one line per optimizer step) and the run summary (OUT/run.json).
+
+Everything here but `Progress` is plain arithmetic and file writing: the trainer measures, this module records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from launcher.job.spec import WARMUP_STEPS_EXCLUDED, RunSpec
+from launcher.rank.export import FINAL_DIR
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "run.json"
+# measured / predicted ratios in run.json, for the figures the plan predicts and the run measures
+RATIO_KEYS = ("step_seconds", "gpu_bytes_per_device", "cpu_bytes_per_node", "nvme_bytes_per_node")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def node_count(world: int, environ: Mapping[str, str]) -> int:
+    """Nodes in the run. DeepSpeed's launcher exports CROSS_SIZE (nodes) and LOCAL_SIZE (ranks on this node)."""
+    return int(environ.get("CROSS_SIZE") or max(1, world // int(environ.get("LOCAL_SIZE", world))))
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_losses(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_record(
+    step: int, loss: float, lr: float, tokens: int, seconds: float, skipped_steps: int, gpu_peak: int | None
+) -> dict:
+    """One line of metrics.jsonl."""
+    record = {
+        "step": step,
+        "loss": loss,
+        "lr": lr,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "step_seconds": seconds,
+        "cpu_peak_rss_bytes": peak_rss_bytes(),
+        "skipped_steps": skipped_steps,  # fp16 overflows (DeepSpeed skips the update)
+    }
+    if gpu_peak is not None:
+        record["gpu_peak_bytes"] = gpu_peak
+    return record
+
+
+class Metrics:
+    """The steps of this run: OUT/metrics.jsonl (written by rank 0 only, so `enabled` there), the losses of
+    every step so far (those of an earlier, resumed run included) and this process's step times."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+        self.losses: list[float] = read_losses(path) if enabled else []
+        self.step_seconds: list[float] = []
+
+    def add(self, record: dict) -> None:
+        self.step_seconds.append(record["step_seconds"])
+        if self.enabled:
+            append_jsonl(self.path, record)
+            self.losses.append(record["loss"])
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+
+def median_step_seconds(step_seconds: list[float]) -> float | None:
+    """The median step time after the warm-up step (all steps when there is no other), None without steps."""
+    measured_steps = step_seconds[WARMUP_STEPS_EXCLUDED:] or step_seconds
+    return statistics.median(measured_steps) if measured_steps else None
+
+
+def measured_figures(
+    step_seconds: list[float],
+    tokens_per_step: int,
+    cpu_bytes_per_node: int,
+    nvme_bytes_per_node: int,
+    gpu_bytes_per_device: int | None,
+) -> dict:
+    """run.json's "measured": the figures the plan predicted, as this run measured them."""
+    median = median_step_seconds(step_seconds)
+    measured = {
+        "step_seconds": median,  # median after the warm-up step
+        "tokens_per_s": tokens_per_step / median if median else None,
+        "cpu_bytes_per_node": cpu_bytes_per_node,  # peak RSS of this node's ranks, summed
+        "nvme_bytes_per_node": nvme_bytes_per_node,  # swap files at the end of training
+    }
+    if gpu_bytes_per_device is not None:
+        measured["gpu_bytes_per_device"] = gpu_bytes_per_device  # what the allocator held
+    return measured
+
+
+def ratios(measured: dict, predicted: dict) -> dict:
+    """measured / predicted for each figure of RATIO_KEYS that both have (and is not zero)."""
+    return {key: measured[key] / predicted[key] for key in RATIO_KEYS if measured.get(key) and predicted.get(key)}
+
+
+def run_summary(
+    spec: RunSpec,
+    setup: dict,
+    losses: list[float],
+    wall: float,
+    peak_cpu_rss_bytes: int,
+    measured: dict,
+    skipped_checkpoints: list[int],
+) -> dict:
+    """run.json: what ran (`setup`: optimizer, world_size, zero_stage, offload_optimizer, offload_param), and
+    the plan's predictions next to what was measured, with their ratios."""
+    return {
+        **setup,
+        "steps": spec.steps,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "wall_seconds": wall,
+        "tokens_per_s": measured["tokens_per_s"],
+        "peak_cpu_rss_bytes": peak_cpu_rss_bytes,
+        "predicted": spec.predicted,
+        "measured": measured,
+        "ratios": ratios(measured, spec.predicted),
+        "final_dir": str(spec.out / FINAL_DIR),
+        "skipped_checkpoints": list(skipped_checkpoints),
+    }
+
+
+# ------------------------------------------------------------------------------------------- bar
+
+
+class Progress:
+    """tqdm bar on a terminal (loss, tokens/s, ETA); a plain line every ~10 % when piped."""
+
+    def __init__(self, enabled: bool, total: int, initial: int):
+        self.enabled, self.total, self.step = enabled, total, initial
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, loss: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        self.step += 1
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+            self.bar.update(1)
+        elif self.step == self.total or self.step % max(1, self.total // 10) == 0 or self.step == 1:
+            print(
+                f"step {self.step}/{self.total} loss {loss:.4f} {tokens_per_s:,.0f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
