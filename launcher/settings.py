@@ -48,45 +48,38 @@ class Kind(str, Enum):
     HOST = "host"  # a described host's name, a file, or `this`
 
 
-def setting(
-    default: object,
-    help: str,
-    *,
-    group: Group,
-    flag: str | None = None,
-    metavar: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    minimum: float | None = None,
-    positive: bool = False,
-    recipe: str | None | bool = True,
-    kind: Kind = Kind.PLAIN,
-    negatable: bool | None = None,
-    file: bool = False,
-    show_default: bool = True,
-) -> object:
-    """One setting's declaration (a dataclass field with its metadata).
+@dataclass(frozen=True)
+class Declaration:
+    """One setting as the rest of the tool sees it: what `setting()` declared, completed from the field
+    (name, type, default) by `_declare()`."""
 
-    flag: the option name (default: --name-with-dashes). recipe: True (key = field name), a key name, or
-    False (command line only). minimum / positive: the bound `validate()` checks. negatable: a boolean with
-    a --no- twin (default: when it defaults to True). file: a path Click checks is not a folder.
-    """
-    return field(
-        default=default,
-        metadata={
-            "help": help,
-            "group": group,
-            "flag": flag,
-            "metavar": metavar,
-            "choices": choices,
-            "minimum": minimum,
-            "positive": positive,
-            "recipe": recipe,
-            "kind": kind,
-            "negatable": negatable,
-            "file": file,
-            "show_default": show_default,
-        },
-    )
+    help: str
+    group: Group
+    flag: str | None = None  # default: --name-with-dashes
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None  # validate(): value >= minimum
+    positive: bool = False  # validate(): value > 0
+    recipe_key: str | None = ""  # "" until declared: the field's name; None: command line only
+    kind: Kind = Kind.PLAIN
+    negatable: bool | None = None  # a boolean with a --no- twin (default: when it defaults to True)
+    file: bool = False  # a path Click checks is not a folder
+    show_default: bool = True
+    name: str = ""
+    type: type = str  # int, float, bool or str (None-able settings are Optional of it)
+    default: object = None
+
+    @property
+    def flags(self) -> str:
+        """As written on the command line: '--resume/--no-resume', '--force', '--seq-len'."""
+        return f"{self.flag}/--no-{self.flag[2:]}" if self.negatable else self.flag
+
+
+def setting(default: object, help: str, *, group: Group, recipe: str | bool = True, **declared) -> object:
+    """One setting's declaration: a dataclass field carrying its Declaration. recipe: True (the key is the
+    field's name), another key name, or False (command line only); `declared`: Declaration's other fields."""
+    key = None if recipe is False else ("" if recipe is True else recipe)
+    return field(default=default, metadata={"declaration": Declaration(help, group, recipe_key=key, **declared)})
 
 
 @dataclass(frozen=True)
@@ -277,32 +270,6 @@ class Settings:
 # ------------------------------------------------------------------------------------------ declarations
 
 
-@dataclass(frozen=True)
-class Declaration:
-    """One setting as the rest of the tool sees it."""
-
-    name: str
-    type: type  # int, float, bool or str (None-able settings are Optional of it)
-    default: object
-    help: str
-    group: Group
-    flag: str
-    metavar: str | None
-    choices: tuple[str, ...] | None
-    minimum: float | None
-    positive: bool
-    recipe_key: str | None
-    kind: Kind
-    negatable: bool
-    file: bool
-    show_default: bool
-
-    @property
-    def flags(self) -> str:
-        """As written on the command line: '--resume/--no-resume', '--force', '--seq-len'."""
-        return f"{self.flag}/--no-{self.flag[2:]}" if self.negatable else self.flag
-
-
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -311,26 +278,16 @@ def _base_type(annotation: str) -> type:
 
 
 def _declare(f: dataclasses.Field) -> Declaration:
-    meta = f.metadata
-    recipe = meta["recipe"]
+    declared: Declaration = f.metadata["declaration"]
     base = _base_type(f.type)
-    negatable = meta["negatable"] if meta["negatable"] is not None else (base is bool and f.default is True)
-    return Declaration(
+    return dataclasses.replace(
+        declared,
         name=f.name,
         type=base,
         default=f.default,
-        help=meta["help"],
-        group=meta["group"],
-        flag=meta["flag"] or "--" + f.name.replace("_", "-"),
-        metavar=meta["metavar"],
-        choices=meta["choices"],
-        minimum=meta["minimum"],
-        positive=meta["positive"],
-        recipe_key=(f.name if recipe is True else recipe) or None,
-        kind=meta["kind"],
-        negatable=negatable,
-        file=meta["file"],
-        show_default=meta["show_default"],
+        flag=declared.flag or "--" + f.name.replace("_", "-"),
+        recipe_key=f.name if declared.recipe_key == "" else declared.recipe_key,
+        negatable=declared.negatable if declared.negatable is not None else (base is bool and f.default is True),
     )
 
 
