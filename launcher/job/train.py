@@ -29,10 +29,7 @@ RUN_FILES = ("plan.json", "ds_config.json", "run_spec.json")
 class PreparedRun:
     plan: Plan
     job: Job | None  # None when nothing fits (the caller shows the plan and stops with exit 3)
-
-    @property
-    def out(self) -> Path:
-        return self.job.out
+    out: Path | None = None  # the run folder as the user named it (--output-dir, else runs/<model>)
 
     @property
     def command(self) -> str:
@@ -55,7 +52,7 @@ def prepare_run(
     --dry-run), then the job (final config, data). A real run tokenizes into OUT/cache; nothing else is
     written."""
     if plan.chosen is None:
-        return PreparedRun(plan, None)
+        return PreparedRun(plan, None, output_dir(settings))
     out = output_dir(settings)
     rundir.check_owner(out, prepare.model_identity(plan), str(Path(settings.data).resolve()), settings.force)
     if settings.bind_cores and shutil.which("numactl") is None:
@@ -66,7 +63,7 @@ def prepare_run(
     )
     for warning in job.warnings:
         warn(warning)
-    return PreparedRun(job.plan, job)
+    return PreparedRun(job.plan, job, out)
 
 
 def write_run(run: PreparedRun, *, resume: bool) -> None:

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from tests.helpers import host_path
+from tests.helpers import REPO, host_path
 
 JSON_KEYS = {
     "version",
@@ -213,3 +213,15 @@ def test_version_and_shell_completion(tmp_path):
     )
     words = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60).stdout
     assert "--zero-stage" in words
+
+
+def test_training_dry_run_names_the_run_folder_as_typed(tmp_path, monkeypatch):
+    """The folder in the messages is the one the user typed (relative stays relative); the ranks get it absolute."""
+    monkeypatch.chdir(tmp_path)
+    demo = REPO / "launcher" / "demo"
+    args = ["--model", str(demo / "tiny-llama"), "--data", str(demo / "data" / "train.jsonl"), "--dry-run"]
+    result = CliRunner().invoke(cli, [*args, "--output-dir", "out", "--host-spec", "cpu-only", "--seq-len", "64"])
+    assert result.exit_code == 0, result.output
+    assert "would write out/plan.json, ds_config.json, run_spec.json and run:" in result.output
+    assert f"--run-spec {tmp_path / 'out' / 'run_spec.json'}" in result.output
+    assert list(tmp_path.iterdir()) == []
