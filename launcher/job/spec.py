@@ -33,7 +33,7 @@ class RunSpec:
     trust_remote_code: bool = False
     activation_checkpointing: bool = True
     nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
-    smoke: bool = False  # run the smoke checks (launcher/smoke.py) instead of a training run
+    smoke: bool = False  # run the smoke checks (launcher/rank/smoke_checks.py) instead of a training run
     smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts
     predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones
 
