@@ -1,7 +1,7 @@
 """Every setting of offload-launch, declared once.
 
-Each field of `Settings` is one setting: its Python type, its default, and in its metadata the flag, help
-text, choices, bounds and recipe key. Everything else is derived from these declarations:
+Each field of `Settings` is one setting: its Python type, its default, and the `Declaration` it carries (help
+text, flag, choices, bounds, recipe key). Everything else is derived from these declarations:
 - the Click options of `run` and `check` (launcher/cli/options.py),
 - the keys a recipe may set (launcher/recipes.py reads `recipe_keys()`),
 - the options table in docs/options.md (launcher/views/options_table.py; `make docs` writes it and
