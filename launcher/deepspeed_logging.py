@@ -27,7 +27,8 @@ class _CurrentStderr:
 
 
 def import_deepspeed():
-    """`import deepspeed`, with its log lines on stderr (warnings and worse) instead of stdout."""
+    """`import deepspeed`, with its log lines on stderr instead of stdout, and only errors (as before this
+    module: DeepSpeed's info and warning lines are noise in a plan)."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         import deepspeed
     logger = logging.getLogger(DEEPSPEED_LOGGER)

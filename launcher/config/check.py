@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher import settings as settings_schema
-from launcher.config.final import read_user_config
+from launcher.config.final import read_user_config, user_pins
 from launcher.plan.build import build_plan
 from launcher.plan.planner import Plan
 
@@ -40,9 +40,8 @@ def check_config(config_file: str, typed: Mapping[str, object]) -> CheckResult:
     """The findings for `config_file` against the plan for the typed model/host options (the config's own
     micro-batch and accumulation size the activations)."""
     from launcher.config import lint
-    from launcher.config.merge import pins_from_config
 
     user = read_user_config(config_file)
-    pins = {k: v for k, v in pins_from_config(user.config).items() if k in BATCH_PINS}
+    pins = {k: v for k, v in user_pins(user).items() if k in BATCH_PINS}
     plan = build_plan(settings_schema.layer(typed, pins=pins))
     return CheckResult(config_file, plan, lint.lint(user.config, plan, plan.world_size))

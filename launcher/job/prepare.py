@@ -72,8 +72,11 @@ def steps_for_epochs(epochs: float, n_blocks: int, plan: Plan) -> int:
     return max(1, math.ceil(Fraction(str(epochs)) * n_blocks / per_step))
 
 
-def check_nvme_room_for(plan: Plan, swap: str) -> None:
-    """The drive under the run's swap folder has room for the plan's NVMe bytes (its own old files count)."""
+def check_nvme_room_for(plan: Plan, swap: str | None, hostfile: str | None) -> None:
+    """The drive under the run's swap folder has room for the plan's NVMe bytes (its own old files count).
+    Nothing to check without NVMe offload, or with a hostfile: then the folder is on the other machines."""
+    if not swap or hostfile is not None:
+        return
     what = "--nvme-path" if plan.workload.nvme_path else f"the NVMe folder (nvme.path in {plan.host.source})"
     check_nvme_room(
         str(Path(swap).parent),
@@ -82,13 +85,6 @@ def check_nvme_room_for(plan: Plan, swap: str) -> None:
         what,
         reusable_bytes=folder_bytes(swap),
     )
-
-
-def _with_epochs(plan: Plan, settings: Settings, n_blocks: int | None) -> Plan:
-    if settings.epochs is None:
-        return plan
-    steps = steps_for_epochs(settings.epochs, n_blocks, plan)
-    return replace(plan, workload=replace(plan.workload, steps=steps))
 
 
 def prepare(
@@ -105,8 +101,8 @@ def prepare(
         raise ValueError("prepare() needs a plan whose strategy fits")
     out = Path(output_dir)
     swap = rundir.run_swap_dir(plan, out)
-    if swap and tokenize and settings.hostfile is None:  # a real run here (several machines: the folder is theirs)
-        check_nvme_room_for(plan, swap)
+    if tokenize:  # a real run
+        check_nvme_room_for(plan, swap, settings.hostfile)
     final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())  # before the data
     n_blocks = None
     if tokenize or settings.epochs is not None:
@@ -117,7 +113,8 @@ def prepare(
 
         inspect_data(settings.data, settings.text_field)
     if settings.epochs is not None:  # the schedule's length follows the data: the config is made again for it
-        plan = _with_epochs(plan, settings, n_blocks)
+        steps = steps_for_epochs(settings.epochs, n_blocks, plan)
+        plan = replace(plan, workload=replace(plan.workload, steps=steps))
         final = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())
     return assemble(plan, settings, out, final, n_blocks, launcher_args)
 
@@ -180,7 +177,7 @@ def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[
 
 
 def write(job: Job) -> None:
-    out = Path(job.spec.output_dir)
+    out = job.out
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "plan.json", plan_view.plan_json(job.plan, job.ds_config))
     write_json_atomic(out / "ds_config.json", job.ds_config)

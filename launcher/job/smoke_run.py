@@ -122,8 +122,7 @@ def _smoke_job(
     """The smoke run's folder, written: the host's limits hold, the folder is started over, and the config
     runs at a constant learning rate (no scheduler: see smoke.default_lr)."""
     swap = rundir.run_swap_dir(plan, out)
-    if swap and settings.hostfile is None:
-        prepare.check_nvme_room_for(plan, swap)
+    prepare.check_nvme_room_for(plan, swap, settings.hostfile)
     preflight.enforce(plan, swap, fatal=True, warn=warn)
     job = prepare.assemble(plan, settings, out, final, n_blocks, launcher_args)
     rundir.start_over(out)

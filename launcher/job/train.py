@@ -22,14 +22,13 @@ from launcher.plan.planner import Plan
 from launcher.settings import Settings
 
 Warn = Callable[[str], None]
-RUN_FILES = ("plan.json", "ds_config.json", "run_spec.json")
 
 
 @dataclass(frozen=True)
 class PreparedRun:
     plan: Plan
     job: Job | None  # None when nothing fits (the caller shows the plan and stops with exit 3)
-    out: Path | None = None  # the run folder as the user named it (--output-dir, else runs/<model>)
+    out: Path  # the run folder as the user named it (--output-dir, else runs/<model>)
 
     @property
     def command(self) -> str:
@@ -51,9 +50,9 @@ def prepare_run(
     """Checks in the order that loses nothing: the run folder's owner, the host's limits (fatal unless
     --dry-run), then the job (final config, data). A real run tokenizes into OUT/cache; nothing else is
     written."""
-    if plan.chosen is None:
-        return PreparedRun(plan, None, output_dir(settings))
     out = output_dir(settings)
+    if plan.chosen is None:
+        return PreparedRun(plan, None, out)
     rundir.check_owner(out, prepare.model_identity(plan), str(Path(settings.data).resolve()), settings.force)
     if settings.bind_cores and shutil.which("numactl") is None:
         raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
