@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -50,9 +51,35 @@ for command in (run, check, report, recipes, probe):
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Exit codes as docs/troubleshooting.md's table says, in every phase: a
+    Ctrl-C exits 130 and a SIGTERM 143 with one line (never Click's "Aborted!" and exit 1), after the
+    cleanup on the way out (the output folder's lock released, no partial cache file left)."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
-        cli.main(prog_name="offload-launch")
+        code = cli.main(prog_name="offload-launch", standalone_mode=False)
+    except click.exceptions.Abort as abort:
+        if isinstance(abort.__context__, KeyboardInterrupt):
+            _interrupted(signal.SIGINT)
+        click.echo("Aborted!", err=True)  # end of input at a prompt
+        sys.exit(1)
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        _interrupted(signal.SIGINT)
+    except Terminated:
+        _interrupted(signal.SIGTERM)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)  # --help and --version return their exit code
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is so that it unwinds like a Ctrl-C (finally blocks run)."""
+
+
+def _terminated(_signum, _frame) -> None:
+    raise Terminated()
+
+
+def _interrupted(signum: int) -> None:
+    click.echo(f"\ninterrupted ({signal.Signals(signum).name})", err=True)
+    sys.exit(128 + signum)

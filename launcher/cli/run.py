@@ -102,32 +102,52 @@ def plan_only(chosen, user) -> None:
 
 
 def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
+    import json
+    import time
+
     from launcher.job import train as training
     from launcher.plan.build import build_plan
 
+    started = time.monotonic()
     prepared = training.prepare_run(build_plan(chosen), chosen, user=user, launcher_args=launcher_args, warn=warn)
     if prepared.job is None:
         show_plan(prepared.plan, None, chosen.json)
-    job, out = prepared.job, prepared.out
-    write_config(chosen.config_out, job.ds_config)
-    if chosen.dry_run or not chosen.json:  # a training run with --json prints one object: the summary at the end
-        show_plan(job.plan, job.ds_config, chosen.json, show_config=chosen.dry_run)
-    if chosen.dry_run:
-        if not chosen.json:
-            click.echo(f"\nwould write {out}/plan.json, ds_config.json, run_spec.json and run:\n{prepared.command}")
-        return
-    training.write_run(prepared, resume=chosen.resume)
-    click.echo(
-        f"\nwrote {out}/plan.json, ds_config.json, run_spec.json\nlaunching: {prepared.command}\n", err=chosen.json
-    )
-    summary = training.launch_run(prepared, stdout_to_stderr=chosen.json)
+    with prepared:  # a real run holds the output folder's lock until it ends
+        job, out = prepared.job, prepared.out
+        write_config(chosen.config_out, job.ds_config)
+        if chosen.dry_run or not chosen.json:  # a training run with --json prints one object: the summary at the end
+            show_plan(job.plan, job.ds_config, chosen.json, show_config=chosen.dry_run)
+        if chosen.dry_run:
+            if not chosen.json:
+                then = f"resume after step {prepared.resume_from}" if prepared.resume_from else "start at step 1"
+                click.echo(
+                    f"\nwould write {out}/plan.json, ds_config.json, run_spec.json, {then} and run:\n{prepared.command}"
+                )
+            return
+        if prepared.finished:
+            message = (
+                f"{out} already finished all {job.spec.steps} steps (model in {out / 'final'}); pass more --steps to "
+                "continue training it, or --no-resume to train it again from the start"
+            )
+            if chosen.json:
+                echo_json(json.loads((out / "run.json").read_text()))
+            else:
+                click.echo(f"\n{message}")
+            return
+        training.write_run(prepared, resume=chosen.resume)
+        click.echo(
+            f"\nwrote {out}/plan.json, ds_config.json, run_spec.json\nlaunching: {prepared.command}\n", err=chosen.json
+        )
+        summary = training.launch_run(prepared, stdout_to_stderr=chosen.json)
+    summary["command_seconds"] = time.monotonic() - started
     if chosen.json:
         echo_json(summary)
         return
     speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "no new steps (already done)"
     click.echo(
         f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
-        f"{speed}, optimizer {summary['optimizer']}, {summary['wall_seconds']:.0f} s\n"
+        f"{speed}, optimizer {summary['optimizer']}; {summary['wall_seconds']:.0f} s in the training loop, "
+        f"{summary['command_seconds']:.0f} s for the whole command\n"
         f"model: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
     )
     for name, ratio in summary.get("ratios", {}).items():

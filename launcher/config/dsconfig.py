@@ -117,8 +117,11 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
         "scheduler": {
             "params": {
                 "warmup_max_lr": workload.lr,
-                "warmup_num_steps": max(1, min(workload.warmup_steps, workload.steps)),  # DeepSpeed rejects 0
-                "total_num_steps": workload.steps,
+                # As typed, not cut to --steps: the schedule must not change when a resumed run gets more steps.
+                "warmup_num_steps": max(1, workload.warmup_steps),  # DeepSpeed rejects 0
+                # WarmupDecayLR reaches 0 at iteration total_num_steps, and step k of a run runs at iteration k
+                # (launcher/rank/trainer.py starts the schedule there): the last step's rate is not 0 either.
+                "total_num_steps": workload.steps + 1,
             }
         },
     }

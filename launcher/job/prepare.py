@@ -8,7 +8,10 @@ data (and tokenizes it into OUT/cache when `tokenize`), and builds the (argv, en
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -32,6 +35,7 @@ class Job:
     argv: list[str]
     env: dict[str, str]
     n_blocks: int | None  # packed training blocks (None when the data was only inspected)
+    identity: dict  # what a checkpoint of this run means (run_identity): compared before a resume
     warnings: tuple[str, ...] = ()  # lint warnings about the user's ds_config
 
     @property
@@ -46,14 +50,10 @@ def model_identity(plan: Plan) -> str:
     return plan.model.name
 
 
-def load_blocks(settings: Settings, model_name: str, seq_len: int, cache_dir: Path | None):
-    """Tokenize and pack the data once (ranks reuse the cache): proves before launch that it yields tokens."""
+def load_tokenizer(settings: Settings, model_name: str):
+    """The tokenizer the ranks will use (--tokenizer, else the model's), with the EOS token packing needs."""
     from transformers import AutoTokenizer
 
-    from launcher.data.blocks import load_token_blocks
-    from launcher.data.sources import inspect_data
-
-    source = inspect_data(settings.data, settings.text_field)
     name = settings.tokenizer or model_name
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=settings.trust_remote_code)
@@ -62,6 +62,16 @@ def load_blocks(settings: Settings, model_name: str, seq_len: int, cache_dir: Pa
         raise UserInputError(f"cannot load a tokenizer from {name} ({first}); pass --tokenizer ID|DIR") from None
     if tokenizer.eos_token_id is None:
         raise UserInputError(f"the tokenizer from {name} has no EOS token; pass --tokenizer with one")
+    return tokenizer
+
+
+def load_blocks(settings: Settings, model_name: str, seq_len: int, cache_dir: Path | None):
+    """Tokenize and pack the data once (ranks reuse the cache): proves before launch that it yields tokens."""
+    from launcher.data.blocks import load_token_blocks
+    from launcher.data.sources import inspect_data
+
+    source = inspect_data(settings.data, settings.text_field)
+    tokenizer = load_tokenizer(settings, model_name)
     return load_token_blocks(source, tokenizer, seq_len, settings.text_field, cache_dir)
 
 
@@ -95,8 +105,14 @@ def prepare(
     user: UserConfig | None = None,
     launcher_args: tuple[str, ...] = (),
     tokenize: bool,
+    before_data: Callable[[dict], object] | None = None,
 ) -> Job:
-    """Everything a run needs, checked, with nothing written outside OUT/cache (and that only when `tokenize`)."""
+    """Everything a run needs, checked, with nothing written outside OUT/cache (and that only when `tokenize`).
+    `before_data` is called with the run's identity (its data not yet fingerprinted) once everything but the
+    data's tokens is checked and before anything is written: the caller checks and locks the folder there."""
+    from launcher.data.blocks import load_token_blocks
+    from launcher.data.sources import inspect_data
+
     if plan.chosen is None:
         raise ValueError("prepare() needs a plan whose strategy fits")
     out = Path(output_dir)
@@ -104,19 +120,20 @@ def prepare(
     if tokenize:  # a real run
         check_nvme_room_for(plan, swap, settings.hostfile)
     final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())  # before the data
-    n_blocks = None
-    if tokenize or settings.epochs is not None:
-        blocks = load_blocks(settings, model_identity(plan), plan.workload.seq_len, out / "cache" if tokenize else None)
-        n_blocks = len(blocks)
-    else:
-        from launcher.data.sources import inspect_data
-
-        inspect_data(settings.data, settings.text_field)
+    source = inspect_data(settings.data, settings.text_field)
+    pack = tokenize or settings.epochs is not None
+    tokenizer = load_tokenizer(settings, model_identity(plan)) if pack else None
+    if before_data is not None:
+        before_data(run_identity(plan, settings, final.config, None))
+    blocks = None
+    if pack:
+        cache = out / "cache" if tokenize else None
+        blocks = load_token_blocks(source, tokenizer, plan.workload.seq_len, settings.text_field, cache)
     if settings.epochs is not None:  # the schedule's length follows the data: the config is made again for it
-        steps = steps_for_epochs(settings.epochs, n_blocks, plan)
+        steps = steps_for_epochs(settings.epochs, len(blocks), plan)
         plan = replace(plan, workload=replace(plan.workload, steps=steps))
         final = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())
-    return assemble(plan, settings, out, final, n_blocks, launcher_args)
+    return assemble(plan, settings, out, final, blocks, launcher_args)
 
 
 def assemble(
@@ -124,13 +141,61 @@ def assemble(
     settings: Settings,
     out: Path,
     final: FinalConfig,
-    n_blocks: int | None,
+    blocks,
     launcher_args: tuple[str, ...],
 ) -> Job:
-    """The Job from its checked parts: the run spec, the final config and the launch command."""
+    """The Job from its checked parts: the run spec, the final config and the launch command. `blocks`: the
+    packed data (None when it was only inspected)."""
     spec = run_spec(plan, settings, out, rundir.run_swap_dir(plan, out))
     argv, env = launch.build_command(launch_spec(plan, settings, out, launcher_args))
-    return Job(plan, spec, final.config, argv, env, n_blocks, final.warnings)
+    identity = run_identity(plan, settings, final.config, blocks)
+    n_blocks = None if blocks is None else len(blocks)
+    return Job(plan, spec, final.config, argv, env, n_blocks, identity, final.warnings)
+
+
+def run_identity(plan: Plan, settings: Settings, ds_config: dict, blocks) -> dict:
+    """What a checkpoint of this run means, for the resume check (rundir.resume_changes): the model's shape,
+    the packed data's fingerprint (None when the data was not tokenized), the workload as DeepSpeed runs it
+    (from the final ds_config, so a --ds-config's own values count), the strategy, the seed and the steps."""
+    zero = ds_config.get("zero_optimization", {})
+    scheduler = json.loads(json.dumps(ds_config.get("scheduler"))) if ds_config.get("scheduler") else None
+    if scheduler:  # its length follows --steps, which may grow on a resume (stated, not refused)
+        scheduler.get("params", {}).pop("total_num_steps", None)
+    model = plan.model
+    precision = next((p for p in ("bf16", "fp16") if ds_config.get(p, {}).get("enabled")), "fp32")
+    return {
+        "model": model_identity(plan),
+        "model_shape": {
+            "architecture": model.architecture,
+            "params": model.params,
+            "layers": model.num_layers,
+            "hidden_size": model.hidden_size,
+            "vocab_size": model.vocab_size,
+        },
+        "data_path": str(Path(settings.data).resolve()),
+        "data": None if blocks is None else {"blocks": len(blocks), "sha256": blocks_digest(blocks)},
+        "seq_len": plan.workload.seq_len,
+        "micro_batch": ds_config["train_micro_batch_size_per_gpu"],
+        "grad_accum": ds_config["gradient_accumulation_steps"],
+        "world_size": plan.world_size,
+        "zero_stage": zero.get("stage", 0),
+        "offload_optimizer": zero.get("offload_optimizer", {}).get("device", "none"),
+        "offload_param": zero.get("offload_param", {}).get("device", "none"),
+        "precision": precision,
+        "optimizer": ds_config.get("optimizer"),
+        "schedule": scheduler,
+        "seed": settings.seed,
+        # with --epochs the steps follow the data: unknown until it is tokenized
+        "steps": None if settings.epochs is not None and blocks is None else plan.workload.steps,
+    }
+
+
+def blocks_digest(blocks) -> str:
+    """The packed token blocks' contents (sha256 of the int64 array, 16 hex digits): what the ranks train on,
+    whatever the files' paths or times."""
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(blocks).data).hexdigest()[:16]
 
 
 def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> RunSpec:

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from launcher import settings
 from launcher.errors import UserInputError
+from launcher.job.rundir import SMOKE_RESULT
 
 CHECKS = ("config", "data", "engine", "loss", "memory", "checkpoint", "nvme_cleanup", "timeout", "run")
 EXIT_CODES = {name: 10 + i for i, name in enumerate(CHECKS)}
-RESULT_FILE = "smoke.json"  # written by rank 0 of the smoke run: the checks made inside training
+RESULT_FILE = SMOKE_RESULT  # written by rank 0 of the smoke run: the checks made inside training
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT_MINUTES = settings.declaration("smoke_timeout").default
 DEFAULT_MEMORY_TOLERANCE = settings.declaration("smoke_memory_tolerance").default  # the planner's error band

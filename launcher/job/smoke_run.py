@@ -5,7 +5,6 @@ the `warn` callback), and every check that did not run is in the report as skipp
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +35,17 @@ def run_smoke(
     out = output_dir(settings)
     if settings.steps < 2:
         raise UserInputError(f"--smoke needs --steps of at least 2 to see the loss fall, got {settings.steps}")
-    rundir.check_not_a_training_run(out, settings.force)
+    ownership = rundir.check_folder(out, "smoke", settings.force)
+    with rundir.FolderLock(out):
+        for message in ownership.messages:
+            warn(message)
+        rundir.claim(out, "smoke", ("cache", rundir.SMOKE_MODEL), ownership.marker)
+        return _run_smoke(settings, out, started, user, launcher_args, warn)
+
+
+def _run_smoke(
+    settings: Settings, out: Path, started: float, user: UserConfig | None, launcher_args: tuple[str, ...], warn: Warn
+) -> SmokeReport:
     report = SmokeReport(model=settings.model, strategy=None, layers=settings.smoke_layers, full_model=None)
     if settings.smoke_layers:
         settings = _truncated(settings, report, out)
@@ -45,10 +54,10 @@ def run_smoke(
     if checked is None:
         return finish(report)
     plan, final = checked
-    n_blocks = _data_check(plan, settings, report, out)
-    if n_blocks is None:
+    blocks = _data_check(plan, settings, report, out)
+    if blocks is None:
         return finish(report)
-    job = _smoke_job(plan, settings, out, final, n_blocks, launcher_args, warn)
+    job = _smoke_job(plan, settings, out, final, blocks, launcher_args, warn)
     warn(f"smoke test: {launch.format_command(job.argv, job.env)}")
     budget = settings.smoke_timeout * 60 - (time.monotonic() - started)
     t0 = time.monotonic()
@@ -61,7 +70,7 @@ def _truncated(settings: Settings, report: SmokeReport, out: Path) -> Settings:
     """--smoke-layers K: the model's config cut to K layers (random weights); the full model's fit is reported."""
     full = build_plan(settings)
     truncated, full_layers = smoke.truncate_model(
-        settings.model, settings.smoke_layers, out / "smoke-model", settings.trust_remote_code
+        settings.model, settings.smoke_layers, out / rundir.SMOKE_MODEL, settings.trust_remote_code
     )
     report.full_model = {"layers": full_layers, "fits": full.chosen is not None, "summary": fit_summary(full)}
     tokenizer = smoke.tokenizer_source(settings.model, settings.tokenizer)
@@ -91,8 +100,8 @@ def _config_check(
     return plan, final
 
 
-def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path) -> int | None:
-    """The data tokenizes into at least one batch for every rank; the number of blocks, or None."""
+def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path):
+    """The data tokenizes into at least one batch for every rank; the packed blocks, or None."""
     t0 = time.monotonic()
     seq_len = plan.workload.seq_len
     try:
@@ -107,7 +116,7 @@ def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path) 
         return None
     message = f"{len(blocks):,} blocks of {seq_len} tokens from {settings.data}"
     report.add(Check("data", True, message, time.monotonic() - t0))
-    return len(blocks)
+    return blocks
 
 
 def _smoke_job(
@@ -115,7 +124,7 @@ def _smoke_job(
     settings: Settings,
     out: Path,
     final: FinalConfig,
-    n_blocks: int,
+    blocks,
     launcher_args: tuple[str, ...],
     warn: Warn,
 ) -> prepare.Job:
@@ -124,11 +133,9 @@ def _smoke_job(
     swap = rundir.run_swap_dir(plan, out)
     prepare.check_nvme_room_for(plan, swap, settings.hostfile)
     preflight.enforce(plan, swap, fatal=True, warn=warn)
-    job = prepare.assemble(plan, settings, out, final, n_blocks, launcher_args)
-    rundir.start_over(out)
-    (out / smoke.RESULT_FILE).unlink(missing_ok=True)
-    for leftover in (out / "smoke-checkpoint").glob("*"):  # a previous smoke run's (the folder may be a mount)
-        shutil.rmtree(leftover, ignore_errors=True)
+    job = prepare.assemble(plan, settings, out, final, blocks, launcher_args)
+    rundir.start_over(out, rundir.RESULT_NAMES + (rundir.SMOKE_RESULT, rundir.SMOKE_CHECKPOINT))
+    rundir.claim(out, "smoke", rundir.CONFIG_NAMES + rundir.RESULT_NAMES + rundir.SMOKE_NAMES)
     ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}
     spec = replace(job.spec, smoke=True, smoke_memory_tolerance=settings.smoke_memory_tolerance, resume=False)
     job = replace(job, ds_config=ds_config, spec=spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +25,25 @@ from launcher.settings import Settings
 Warn = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@dataclass
 class PreparedRun:
     plan: Plan
     job: Job | None  # None when nothing fits (the caller shows the plan and stops with exit 3)
     out: Path  # the run folder as the user named it (--output-dir, else runs/<model>)
+    resume_from: int = 0  # the checkpoint step the run continues after (0: from the start)
+    finished: bool = False  # every step is done and the export written: nothing to launch
+    lock: rundir.FolderLock | None = None  # held from the first write to the end (None for a dry run)
 
     @property
     def command(self) -> str:
         return launch.format_command(self.job.argv, self.job.env)
+
+    def __enter__(self) -> PreparedRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def output_dir(settings: Settings) -> Path:
@@ -47,28 +58,83 @@ def prepare_run(
     launcher_args: tuple[str, ...],
     warn: Warn,
 ) -> PreparedRun:
-    """Checks in the order that loses nothing: the run folder's owner, the host's limits (fatal unless
-    --dry-run), then the job (final config, data). A real run tokenizes into OUT/cache; nothing else is
-    written."""
+    """Checks in the order that loses nothing, and writes nothing until they pass: whose the run folder is,
+    the host's limits (fatal unless --dry-run), the job (final config, data, tokenizer), whether the
+    checkpoints there may be resumed; then a real run takes the folder's lock (use the result as a context
+    manager: it holds the lock), tokenizes into OUT/cache and checks that the data is the checkpoint's."""
     out = output_dir(settings)
     if plan.chosen is None:
         return PreparedRun(plan, None, out)
-    rundir.check_owner(out, prepare.model_identity(plan), str(Path(settings.data).resolve()), settings.force)
+    ownership = rundir.check_folder(out, "train", settings.force)
     if settings.bind_cores and shutil.which("numactl") is None:
         raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
     preflight.enforce(plan, rundir.run_swap_dir(plan, out), fatal=not settings.dry_run, warn=warn)
-    job = prepare.prepare(
-        plan, settings, output_dir=out, user=user, launcher_args=launcher_args, tokenize=not settings.dry_run
-    )
-    for warning in job.warnings:
-        warn(warning)
-    return PreparedRun(job.plan, job, out)
+    folder = _Folder(out, ownership, settings, warn)
+    try:
+        job = prepare.prepare(
+            plan,
+            settings,
+            output_dir=out,
+            user=user,
+            launcher_args=launcher_args,
+            tokenize=not settings.dry_run,
+            before_data=folder.take,
+        )
+        for warning in job.warnings:
+            warn(warning)
+        check = folder.resume_check(job.identity)
+        for note in check.notes:
+            warn(note)
+    except BaseException:
+        folder.give_back()
+        raise
+    finished = check.step == job.spec.steps and (out / rundir.SUMMARY_FILE).is_file()
+    return PreparedRun(job.plan, job, out, check.step, finished, folder.lock)
+
+
+class _Folder:
+    """The run folder while a run is prepared: `take` (prepare()'s before_data) refuses a resume that cannot
+    work before anything is written, then a real run locks the folder and claims it; `give_back` undoes
+    that when preparing fails."""
+
+    def __init__(self, out: Path, ownership: rundir.Ownership, settings: Settings, warn: Warn):
+        self.out, self.ownership, self.settings, self.warn = out, ownership, settings, warn
+        self.lock: rundir.FolderLock | None = None
+
+    def take(self, identity: dict) -> None:
+        self.resume_check(identity)
+        if self.settings.dry_run:
+            return
+        self.lock = rundir.FolderLock(self.out).acquire()
+        for message in self.ownership.messages:
+            self.warn(message)
+        rundir.claim(self.out, "train", ("cache",), self.ownership.marker)
+
+    def resume_check(self, identity: dict) -> rundir.ResumeCheck:
+        """What resuming OUT's newest complete checkpoint means for this run; refused (exit 2) when the
+        checkpoint was trained with settings that make it mean something else."""
+        if not self.settings.resume:
+            return rundir.ResumeCheck(0)
+        marker = rundir.read_marker(self.out) or self.ownership.marker or {}
+        step = rundir.newest_checkpoint_step(self.out)
+        check = rundir.resume_changes(marker.get("run"), identity, step, legacy=marker.get("legacy", False))
+        if check.problems:
+            raise UserInputError(rundir.refusal(self.out, check))
+        return check
+
+    def give_back(self) -> None:
+        if self.lock is not None:
+            rundir.leave_no_trace(self.out, created=self.lock.created)
+            self.lock.release()
 
 
 def write_run(run: PreparedRun, *, resume: bool) -> None:
-    """Start the folder over unless resuming, then write plan.json, ds_config.json and run_spec.json."""
-    if not resume:
+    """Start the folder over unless resuming a checkpoint (deleting only the previous run's results that this
+    tool made), record the run's identity in the marker, then write plan.json, ds_config.json, run_spec.json."""
+    if not resume or run.resume_from == 0:
         rundir.start_over(run.out)
+    rundir.claim(run.out, "train", rundir.CONFIG_NAMES + rundir.RESULT_NAMES)
+    rundir.record_run(run.out, run.job.identity)
     prepare.write(run.job)
 
 
@@ -76,9 +142,19 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
     """Run DeepSpeed's launcher to the end; the run's summary (OUT/run.json) or Stopped with its exit code."""
     code = launch.run(run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr)
     if code != 0:
-        raise Stopped(
-            f"training stopped (exit {code}); rerun the same command to resume from the newest complete "
-            f"checkpoint in {run.out / 'checkpoints'}",
-            code,
-        )
-    return json.loads((run.out / "run.json").read_text())
+        raise Stopped(stopped_message(run.out, code), code)
+    return json.loads((run.out / rundir.SUMMARY_FILE).read_text())
+
+
+def stopped_message(out: Path, code: int) -> str:
+    """Why the run stopped and what rerunning will do: resume after the newest complete checkpoint, or start
+    over when there is none; after a failure (not a signal) the log above says what to fix first."""
+    step = rundir.newest_checkpoint_step(out)
+    then = (
+        f"resumes after step {step} (the newest complete checkpoint)"
+        if step
+        else "starts over (no complete checkpoint yet)"
+    )
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        return f"training stopped by {signal.Signals(code - 128).name} (exit {code}); the same command {then}"
+    return f"training stopped (exit {code}); the log above says why: once that is fixed, the same command {then}"

@@ -1,7 +1,8 @@
 """Checkpoints: which ones are complete, saving, loading and resuming, and the kill-point fault drill.
 
 A checkpoint is OUT/checkpoints/stepN as DeepSpeed writes it, plus a completion marker (COMPLETE_MARKER) written
-last, by rank 0, once every rank finished writing: a folder without it was cut short and is never resumed from.
+last, by rank 0, once every rank finished writing: a folder without it was cut short and is never resumed from
+(finding the complete ones is the run folder's business: launcher/job/rundir.py).
 Old checkpoints beyond --keep-checkpoints are removed only after the new one is complete.
 """
 
@@ -18,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.files import folder_bytes, write_json_atomic
+from launcher.job.rundir import COMPLETE_MARKER, complete_checkpoints, discard_incomplete
 from launcher.job.spec import RunSpec
 from launcher.units import fmt_bytes
 
-COMPLETE_MARKER = "complete.json"  # written last: a checkpoint without it is never resumed from
 # Fault drills: OFFLOAD_LAUNCH_KILL_AT=step:N kills rank 0 with SIGKILL in the middle of step N (after the
 # first backward), =checkpoint:N after DeepSpeed wrote checkpoint N but before its completion marker. Used by
 # the fault tests, and by anyone who wants to see their own setup survive a crash before trusting it.
@@ -30,29 +31,6 @@ CHECKPOINT_BYTES_PER_PARAM = 2 + 12  # 16-bit module + fp32 master and Adam's tw
 
 
 # ------------------------------------------------------------------------------------------- files
-
-
-def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:
-    """(step, tag) of every checkpoint whose completion marker exists, oldest first."""
-    found = []
-    if checkpoint_dir.is_dir():
-        for marker in checkpoint_dir.glob(f"*/{COMPLETE_MARKER}"):
-            with contextlib.suppress(ValueError, KeyError, OSError):
-                found.append((int(json.loads(marker.read_text())["step"]), marker.parent.name))
-    return sorted(found)
-
-
-def discard_incomplete(checkpoint_dir: Path) -> list[str]:
-    """Remove checkpoint folders without a completion marker: a run stopped while writing them. They are never
-    resumed from, and removing them gives their disk space back before the next save."""
-    complete = {tag for _step, tag in complete_checkpoints(checkpoint_dir)}
-    removed = []
-    if checkpoint_dir.is_dir():
-        for folder in sorted(checkpoint_dir.iterdir()):
-            if folder.is_dir() and folder.name not in complete:
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(folder.name)
-    return removed
 
 
 def mark_complete(checkpoint_dir: Path, tag: str, step: int, keep: int) -> list[str]:

@@ -13,9 +13,9 @@ import argparse
 import sys
 
 from launcher.files import write_json_atomic
+from launcher.job.rundir import SUMMARY_FILE
 from launcher.job.smoke import RESULT_FILE
 from launcher.job.spec import RunSpec
-from launcher.rank.progress import SUMMARY_FILE
 from launcher.rank.smoke_checks import run_checks
 from launcher.rank.trainer import Trainer
 

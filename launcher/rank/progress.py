@@ -16,8 +16,6 @@ from pathlib import Path
 from launcher.job.spec import WARMUP_STEPS_EXCLUDED, RunSpec
 from launcher.rank.export import FINAL_DIR
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "run.json"
 # measured / predicted ratios in run.json, for the figures the plan predicts and the run measures
 RATIO_KEYS = ("step_seconds", "gpu_bytes_per_device", "cpu_bytes_per_node", "nvme_bytes_per_node")
 

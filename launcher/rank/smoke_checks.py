@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.files import folder_bytes
+from launcher.job.rundir import SMOKE_CHECKPOINT
 from launcher.job.smoke import Check
 from launcher.units import fmt_bytes
 
 if TYPE_CHECKING:
     from launcher.rank.trainer import Trainer
 
-CHECKPOINT_FOLDER = "smoke-checkpoint"  # under OUT; the check removes what it saved there
+CHECKPOINT_FOLDER = SMOKE_CHECKPOINT  # under OUT; the check removes what it saved there
 
 
 def run_checks(trainer: Trainer) -> list[dict]:

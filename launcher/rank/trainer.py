@@ -20,12 +20,11 @@ from pathlib import Path
 
 from launcher.data.sampling import BlockOrder
 from launcher.files import folder_bytes, write_json_atomic
-from launcher.job.rundir import SWAP_OWNER_FILE
+from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec
 from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
 from launcher.rank.export import export_final
 from launcher.rank.progress import (
-    METRICS_FILE,
     Metrics,
     Progress,
     measured_figures,
@@ -71,6 +70,7 @@ class Trainer:
         self.micro_batch = int(self.ds_config["train_micro_batch_size_per_gpu"])
         self.tokens_per_step = self.micro_batch * self.grad_accum * self.world * spec.seq_len
         self.checkpoints = CheckpointStore(self.engine, spec, self.rank, self.zero, self.log)
+        start_schedule_at_step_one(self.engine.lr_scheduler)
         if spec.nvme_swap_dir and self.local_rank == 0:  # says whose swap files these are (preflight reads it)
             Path(spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)
             write_json_atomic(Path(spec.nvme_swap_dir) / SWAP_OWNER_FILE, {"output_dir": str(spec.out.resolve())})
@@ -260,6 +260,16 @@ class Trainer:
         """Destroy the process group so a clean run ends without abort messages."""
         with contextlib.suppress(Exception):
             self.dist.destroy_process_group()
+
+
+def start_schedule_at_step_one(scheduler) -> None:
+    """Make optimizer step k run at the schedule's iteration k. DeepSpeed's WarmupLR and WarmupDecayLR
+    (runtime/lr_schedules.py) set iteration -1's rate (warmup_min_lr) when they are built and iteration 0's
+    (warmup_min_lr again) after the first step, so the first two steps would both run at 0 and the warm-up
+    would end a step late. Starting at iteration 1 gives the first step lr / warmup_steps. A resumed run loads
+    the iteration from its checkpoint afterwards; other schedulers (a --ds-config's own) are left alone."""
+    if type(scheduler).__name__ in ("WarmupLR", "WarmupDecayLR") and scheduler.last_batch_iteration == -1:
+        scheduler.step(1)
 
 
 def has_weights(model: str) -> bool:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,43 +58,179 @@ def test_run_swap_dir_only_with_nvme_offload(write_host, tmp_path):
     assert rundir.run_swap_dir(typed, "out") == rundir.swap_dir(str(tmp_path / "drive"), "out")
 
 
-def test_check_owner_refuses_another_model_or_data(tmp_path):
-    write_spec(tmp_path / "out")
-    with pytest.raises(UserInputError, match=r"holds a run of model '/m/a', not '/m/b'.*--force"):
-        rundir.check_owner(tmp_path / "out", "/m/b", "/d/x", force=False)
-    with pytest.raises(UserInputError, match=r"holds a run of data '/d/x', not '/d/y'.*--force"):
-        rundir.check_owner(tmp_path / "out", "/m/a", "/d/y", force=False)
+# ------------------------------------------------------------------------------------------- ownership
 
 
-def test_check_owner_accepts_the_same_run_a_new_folder_and_force(tmp_path):
-    write_spec(tmp_path / "out")
-    rundir.check_owner(tmp_path / "out", "/m/a", "/d/x", force=False)
-    rundir.check_owner(tmp_path / "out", "/m/b", "/d/y", force=True)
-    rundir.check_owner(tmp_path / "new", "/m/b", "/d/y", force=False)
+def test_a_new_or_empty_folder_is_taken_and_marked(tmp_path):
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        assert rundir.check_folder(out, "train", force=False).marker is None
+        marker = rundir.claim(out, "train", ("cache",))
+        assert marker["made"] == ["cache", rundir.MARKER_FILE] and marker["run"] is None
+        assert rundir.read_marker(out) == marker
 
 
-def test_a_smoke_test_refuses_a_training_runs_folder(tmp_path):
-    write_spec(tmp_path / "train")
-    with pytest.raises(UserInputError, match="holds a training run.*--force"):
-        rundir.check_not_a_training_run(tmp_path / "train", force=False)
-    rundir.check_not_a_training_run(tmp_path / "train", force=True)
+def test_a_folder_the_tool_did_not_make_is_refused_naming_what_it_holds(tmp_path):
+    out = tmp_path / "thesis"
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt", "e.txt"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("mine")
+    refused = r"thesis is not empty and offload-launch did not make it \(it holds a.txt, b.txt, c.txt, d.txt and 1 more"
+    with pytest.raises(UserInputError, match=refused):
+        rundir.check_folder(out, "train", force=False)
+    forced = rundir.check_folder(out, "train", force=True)
+    assert forced.adopt and "beside a.txt" in forced.messages[0]
 
 
-def test_a_smoke_test_accepts_a_smoke_runs_folder_and_an_empty_one(tmp_path):
-    write_spec(tmp_path / "smoke", smoke=True)
-    rundir.check_not_a_training_run(tmp_path / "smoke", force=False)
-    (tmp_path / "empty").mkdir()
-    rundir.check_not_a_training_run(tmp_path / "empty", force=False)
-
-
-def test_start_over_removes_results_and_keeps_the_rest(tmp_path):
+def test_force_still_refuses_when_a_name_the_tool_writes_holds_somebody_elses_files(tmp_path):
     out = tmp_path / "out"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "thesis.txt").write_text("mine")
+    (out / "checkpoints").mkdir()
+    with pytest.raises(UserInputError, match="--force cannot use .*out: checkpoints, final are names offload-launch"):
+        rundir.check_folder(out, "train", force=True)
+
+
+def test_a_run_folder_of_an_earlier_version_is_recognised_but_its_checkpoints_are_not_resumed(tmp_path):
+    out = tmp_path / "old"
+    write_spec(out)
+    (out / "metrics.jsonl").write_text("")
+    marker = rundir.check_folder(out, "train", force=False).marker
+    assert marker["legacy"] and marker["made"] == ["metrics.jsonl", "run_spec.json"]
+    check = rundir.resume_changes(None, {"steps": 3}, 2, legacy=True)
+    assert "an earlier offload-launch wrote it without recording its settings" in check.problems[0]
+
+
+def test_a_smoke_test_refuses_a_training_runs_folder_unless_forced(tmp_path):
+    out = tmp_path / "train"
+    rundir.claim(out, "train", ("cache",))
+    with pytest.raises(UserInputError, match="holds a training run.*--force"):
+        rundir.check_folder(out, "smoke", force=False)
+    rundir.check_folder(out, "smoke", force=True)
+    rundir.claim(tmp_path / "smoke", "smoke", ("cache",))
+    rundir.check_folder(tmp_path / "smoke", "smoke", force=False)
+    rundir.check_folder(tmp_path / "smoke", "train", force=False)  # a smoke folder may become a training run's
+
+
+def test_start_over_deletes_only_the_results_the_tool_made(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    rundir.claim(out, "train", ("cache", *rundir.CONFIG_NAMES, *rundir.RESULT_NAMES))
     for folder in ("checkpoints/step2", "final", "cache"):
         (out / folder).mkdir(parents=True)
     (out / "cache" / "blocks.npy").write_bytes(b"x")
-    for name in ("metrics.jsonl", "run.json", "notes.txt"):
+    for name in ("metrics.jsonl", "run.json"):
         (out / name).write_text("{}\n")
     write_spec(out)
+    assert rundir.start_over(out) == list(rundir.RESULT_NAMES)
+    assert sorted(p.name for p in out.iterdir()) == ["cache", "notes.txt", rundir.MARKER_FILE, "run_spec.json"]
+
+
+def test_a_name_that_was_there_before_the_tool_is_never_claimed_nor_deleted(tmp_path):
+    out = tmp_path / "out"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "thesis.txt").write_text("mine")
+    rundir.claim(out, "train", rundir.RESULT_NAMES)
+    assert "final" not in rundir.read_marker(out)["made"]
     rundir.start_over(out)
-    assert sorted(p.name for p in out.iterdir()) == ["cache", "notes.txt", "run_spec.json"]
-    assert (out / "cache" / "blocks.npy").exists() and json.loads((out / "run_spec.json").read_text())
+    assert (out / "final" / "thesis.txt").read_text() == "mine"
+
+
+def test_discard_incomplete_removes_only_the_tools_checkpoint_folders(tmp_path):
+    for name in ("step2", "step3", "mine"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "step2" / rundir.COMPLETE_MARKER).write_text('{"step": 2}')
+    assert rundir.discard_incomplete(tmp_path) == ["step3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "step2"]
+
+
+# ------------------------------------------------------------------------------------------- the lock
+
+
+def test_the_lock_refuses_a_second_holder_naming_the_first_and_frees_on_release(tmp_path):
+    out = tmp_path / "out"
+    with (
+        rundir.FolderLock(out),
+        pytest.raises(UserInputError, match=rf"out is in use by another offload-launch run \(pid {os.getpid()} on"),
+    ):
+        rundir.FolderLock(out).acquire()
+    rundir.FolderLock(out).acquire().release()
+
+
+def test_a_dead_holders_lock_is_no_obstacle(tmp_path):
+    """A process that held the lock and was SIGKILLed: the kernel dropped its flock with it."""
+    out = tmp_path / "out"
+    acquire = f"from launcher.job.rundir import FolderLock; FolderLock({str(out)!r}).acquire()"
+    code = f"import os; {acquire}; os.kill(os.getpid(), 9)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO)
+    assert proc.returncode == -9 and json.loads((out / rundir.LOCK_FILE).read_text())["pid"] != os.getpid()
+    rundir.FolderLock(out).acquire().release()
+
+
+def test_leave_no_trace_takes_back_a_new_folder_whose_run_never_started(tmp_path):
+    out = tmp_path / "out"
+    lock = rundir.FolderLock(out).acquire()
+    rundir.claim(out, "train", ("cache",))
+    (out / "cache").mkdir()
+    rundir.leave_no_trace(out, created=lock.created)
+    lock.release()
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- resume
+
+IDENTITY = {
+    "model": "/m/a",
+    "model_shape": {"architecture": "LlamaForCausalLM", "params": 1000},
+    "data_path": "/d/x",
+    "data": {"blocks": 2463, "sha256": "aa"},
+    "seq_len": 64,
+    "micro_batch": 2,
+    "grad_accum": 1,
+    "world_size": 1,
+    "zero_stage": 1,
+    "offload_optimizer": "none",
+    "offload_param": "none",
+    "precision": "bf16",
+    "optimizer": {"type": "AdamW", "params": {"lr": 1.3e-5}},
+    "schedule": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 4}},
+    "seed": 0,
+    "steps": 6,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"seq_len": 128}, "--seq-len is 128 (the checkpoint's run used 64)"),
+        ({"micro_batch": 4}, "--micro-batch is 4 (the checkpoint's run used 2)"),
+        ({"grad_accum": 2}, "--grad-accum is 2 (the checkpoint's run used 1)"),
+        ({"world_size": 2}, "the number of ranks (--num-gpus, --hostfile) is 2 (the checkpoint's run used 1)"),
+        ({"zero_stage": 3}, "--zero-stage is 3 (the checkpoint's run used 1)"),
+        ({"offload_optimizer": "cpu"}, "--offload-optimizer is cpu (the checkpoint's run used none)"),
+        ({"optimizer": {"type": "AdamW", "params": {"lr": 6.25e-3}}}, "the optimizer (--lr, "),
+        ({"data": {"blocks": 87, "sha256": "bb"}}, "(--data) changed (blocks 2463 -> 87, sha256 aa -> bb)"),
+        ({"model_shape": {"architecture": "LlamaForCausalLM", "params": 9}}, "(--model) changed (params 1000 -> 9)"),
+        ({"seed": 1}, "--seed (the data order) is 1"),
+        ({"steps": 3}, "--steps 3 is behind the checkpoint at step 6: pass --steps 6 or more"),
+    ],
+)  # fmt: skip
+def test_a_change_that_alters_what_the_checkpoint_means_is_refused_with_the_exact_difference(change, says):
+    check = rundir.resume_changes(IDENTITY, {**IDENTITY, **change}, 6)
+    assert [says in problem for problem in check.problems] == [True], check.problems
+    line = rundir.refusal(Path("runs/x"), check)
+    assert "\n" not in line and "--no-resume to start over" in line and "rerun the same command" not in line
+
+
+def test_more_steps_and_moved_files_with_the_same_contents_are_stated_not_refused():
+    moved = {**IDENTITY, "steps": 10, "data_path": "/elsewhere/x", "model": "/elsewhere/m"}
+    check = rundir.resume_changes(IDENTITY, moved, 6)
+    assert check.problems == () and len(check.notes) == 3
+    assert "resuming after step 6; the learning-rate decay now ends at step 10" in check.notes[0]
+    unknown_data = {**IDENTITY, "data": None, "data_path": "/elsewhere/x"}  # a dry run: not tokenized
+    assert rundir.resume_changes(IDENTITY, unknown_data, 6) == rundir.ResumeCheck(6)
+
+
+def test_nothing_to_resume_means_nothing_to_compare():
+    assert rundir.resume_changes(IDENTITY, {**IDENTITY, "seq_len": 9}, 0) == rundir.ResumeCheck(0)

@@ -4,13 +4,15 @@ folder, started over unless resuming) and launch_run (DeepSpeed's launcher, stoo
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from launcher import settings
 from launcher.errors import Stopped, UserInputError
-from launcher.job import launch, train
+from launcher.job import launch, rundir, train
 from launcher.plan.build import build_plan
 from tests.helpers import REPO, host_path
 
@@ -34,7 +36,10 @@ def prepare_run(s):
 
 @pytest.fixture
 def prepared():
-    return prepare_run(demo_settings())
+    """A real run, prepared: it holds the folder's lock until the test releases it."""
+    run = prepare_run(demo_settings())
+    yield run
+    run.lock.release()
 
 
 def test_a_plan_that_does_not_fit_has_no_job(write_host, tmp_path):
@@ -50,16 +55,64 @@ def test_dry_run_writes_nothing(tmp_path):
     assert str(tmp_path / "out" / "run_spec.json") in run.command  # the ranks get the absolute path
 
 
-def test_a_real_run_only_tokenizes_into_the_cache(prepared, tmp_path):
-    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in prepared.out.iterdir()] == ["cache"]
+def test_a_real_run_only_tokenizes_into_the_cache_and_marks_the_folder(prepared, tmp_path):
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert sorted(p.name for p in prepared.out.iterdir()) == [".offload-launch.lock", "cache", "offload-launch.json"]
+    marker = rundir.read_marker(prepared.out)
+    assert marker["made"] == ["cache", "offload-launch.json"] and marker["run"] is None
 
 
-def test_prepare_run_refuses_another_runs_folder(tmp_path):
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_prepare_run_refuses_a_folder_it_did_not_make_and_writes_nothing(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "run_spec.json").write_text(json.dumps({"model": "/elsewhere/model", "data": "/d"}))
-    with pytest.raises(UserInputError, match="holds a run of model '/elsewhere/model'"):
+    with pytest.raises(
+        UserInputError, match=r"out is not empty and offload-launch did not make it \(it holds run_spec"
+    ):
         prepare_run(demo_settings())
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["run_spec.json"]  # nothing tokenized
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["run_spec.json"]  # nothing tokenized, no lock
+
+
+def finished_run(tmp_path, **typed):
+    """A folder as a finished run of `typed` leaves it: marker with the run's identity, a complete checkpoint."""
+    with prepare_run(demo_settings(**typed)) as run:
+        train.write_run(run, resume=True)
+    tag = tmp_path / "out" / "checkpoints" / f"step{run.job.spec.steps}"
+    tag.mkdir(parents=True)
+    (tag / rundir.COMPLETE_MARKER).write_text(json.dumps({"step": run.job.spec.steps}))
+    return run
+
+
+def test_a_resume_with_another_seq_len_is_refused_before_anything_is_written(tmp_path):
+    finished_run(tmp_path, seq_len=64, steps=4)
+    before = snapshot(tmp_path)
+    with pytest.raises(UserInputError, match=r"cannot resume out from its checkpoint at step 4: --seq-len is 128 "):
+        prepare_run(demo_settings(seq_len=128, steps=4))
+    assert snapshot(tmp_path) == before
+    with prepare_run(demo_settings(seq_len=128, steps=4, resume=False)) as fresh:  # --no-resume: the way forward
+        assert fresh.resume_from == 0
+
+
+def test_more_steps_resume_with_a_note_and_a_finished_run_has_nothing_to_do(tmp_path):
+    finished_run(tmp_path, seq_len=64, steps=4)
+    (tmp_path / "out" / "run.json").write_text("{}")
+    notes: list = []
+    s = demo_settings(seq_len=64, steps=6)
+    with train.prepare_run(build_plan(s), s, user=None, launcher_args=(), warn=notes.append) as run:
+        assert run.resume_from == 4 and not run.finished
+    assert any("--steps is 6 (the run was planned for 4): resuming after step 4" in note for note in notes)
+    with prepare_run(demo_settings(seq_len=64, steps=4)) as again:
+        assert again.finished
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(prepared):
+    with pytest.raises(UserInputError, match=rf"out is in use by another offload-launch run \(pid {os.getpid()} on "):
+        prepare_run(demo_settings())
+    prepared.lock.release()
+    prepare_run(demo_settings()).lock.release()  # free again once the holder is done
 
 
 def leave_a_previous_run(out):
@@ -68,16 +121,22 @@ def leave_a_previous_run(out):
     (out / "notes.txt").write_text("mine\n")
 
 
-def test_write_run_without_resume_starts_the_folder_over(prepared):
+def test_write_run_without_resume_starts_over_deleting_only_what_the_tool_made(prepared):
+    train.write_run(prepared, resume=False)
     leave_a_previous_run(prepared.out)
+    (prepared.out / "final").mkdir()
     train.write_run(prepared, resume=False)
     names = sorted(p.name for p in prepared.out.iterdir())
-    assert names == ["cache", "ds_config.json", "notes.txt", "plan.json", "run_spec.json"]
+    made = ["ds_config.json", "offload-launch.json", "plan.json", "run_spec.json"]
+    assert names == sorted([".offload-launch.lock", "cache", "notes.txt", *made])
 
 
 def test_write_run_with_resume_keeps_the_checkpoints(prepared):
-    leave_a_previous_run(prepared.out)
     train.write_run(prepared, resume=True)
+    leave_a_previous_run(prepared.out)
+    (prepared.out / "checkpoints" / "step4" / rundir.COMPLETE_MARKER).write_text('{"step": 4}')
+    resumed = replace(prepared, resume_from=4)
+    train.write_run(resumed, resume=True)
     assert (prepared.out / "checkpoints" / "step4").is_dir() and (prepared.out / "metrics.jsonl").exists()
     assert (prepared.out / "run_spec.json").exists()
 
@@ -88,14 +147,20 @@ def stand_in_launch(monkeypatch, code: int) -> list:
     return calls
 
 
-def test_a_failed_launch_stops_with_its_exit_code(prepared, monkeypatch):
+def test_a_failed_launch_stops_with_its_exit_code_and_says_what_a_rerun_does(prepared, monkeypatch):
     calls = stand_in_launch(monkeypatch, 7)
     train.write_run(prepared, resume=False)
     with pytest.raises(Stopped) as err:
         train.launch_run(prepared, stdout_to_stderr=False)
-    assert err.value.exit_code == 7 and "exit 7" in str(err.value)
-    assert str(prepared.out / "checkpoints") in str(err.value) and "resume" in str(err.value)
+    assert err.value.exit_code == 7 and "exit 7" in str(err.value) and "the log above says why" in str(err.value)
+    assert "starts over (no complete checkpoint yet)" in str(err.value)
     assert calls == [(prepared.job.argv, prepared.job.env)]
+    stand_in_launch(monkeypatch, 130)
+    step2 = prepared.out / "checkpoints" / "step2"
+    step2.mkdir(parents=True)
+    (step2 / rundir.COMPLETE_MARKER).write_text('{"step": 2}')
+    with pytest.raises(Stopped, match=r"stopped by SIGINT \(exit 130\); the same command resumes after step 2"):
+        train.launch_run(prepared, stdout_to_stderr=False)
 
 
 def test_a_clean_launch_returns_the_runs_summary(prepared, monkeypatch):
