@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from launcher import settings
 from launcher.cli import cli
 from launcher.inspection import host as host_module
 from launcher.job import launch
+from launcher.plan.build import build_plan
 from launcher.units import GB
 from tests.helpers import REPO, host_path, save_config, tiny_llama_config
 
@@ -217,16 +219,24 @@ CASES = [
         host="host-small.yaml",
         stdout=("ZeRO-2 + opt->cpu", "GPU needs", "GiB usable", "CPU RAM needs"),
     ),
-    # an output folder holding another run
+    # an output folder this tool did not make, or whose checkpoint another run's settings would misread
     Case(
-        "output-dir-of-another-model",
-        (*MODEL, "--output-dir", "other-model-run"),
-        ("other-model-run holds a run of model '/elsewhere/model'", "pass another --output-dir, or --force"),
+        "output-dir-not-made-by-the-tool",
+        (*MODEL, "--output-dir", "thesis"),
+        ("thesis is not empty and offload-launch did not make it (it holds chapter1.tex)", "or --force"),
     ),
     Case(
-        "output-dir-of-other-data",
-        (*MODEL, "--output-dir", "other-data-run"),
-        ("other-data-run holds a run of data '/elsewhere/data.jsonl'", "pass another --output-dir, or --force"),
+        "output-dir-force-over-a-tool-name",
+        (*MODEL, "--output-dir", "theirs", "--force"),
+        ("--force cannot use theirs: final is a name offload-launch writes", "move it or pass another --output-dir"),
+    ),
+    Case(
+        "resume-with-another-seq-len",
+        (*MODEL, "--output-dir", "seq-len-64-run", "--seq-len", "128"),
+        (
+            "cannot resume seq-len-64-run from its checkpoint at step 2: --seq-len is 128",
+            "--no-resume to start over",
+        ),
     ),
 ]
 
@@ -259,16 +269,27 @@ def workspace(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "read-only").mkdir(mode=0o500)
     for name, text in HOSTS.items():
         (tmp_path / name).write_text(text)
-    data = str((tmp_path / "data.jsonl").resolve())
-    for run, owner in (
-        ("other-model-run", {"model": "/elsewhere/model", "data": data}),
-        ("other-data-run", {"model": str(model.resolve()), "data": "/elsewhere/data.jsonl"}),
-    ):
-        (tmp_path / run).mkdir()
-        (tmp_path / run / "run_spec.json").write_text(json.dumps(owner))
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "chapter1.tex").write_text("mine")
+    (tmp_path / "theirs" / "final").mkdir(parents=True)
+    (tmp_path / "theirs" / "final" / "thesis.txt").write_text("mine")
+    seq_len_64_run(tmp_path / "seq-len-64-run", model, tmp_path / "data.jsonl")
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     (tmp_path / "read-only").chmod(0o700)
+
+
+def seq_len_64_run(out: Path, model: Path, data: Path) -> None:
+    """A folder as a 64-token run leaves it: the marker with the run's identity, a complete checkpoint at step 2."""
+    from launcher.job import prepare, rundir
+
+    typed = {"model": str(model), "data": str(data), "host_spec": host_path("cpu-only"), "seq_len": 64}
+    chosen = settings.layer(typed)
+    job = prepare.prepare(build_plan(chosen), chosen, output_dir=out, tokenize=False)
+    rundir.claim(out, "train", rundir.CONFIG_NAMES + rundir.RESULT_NAMES)
+    rundir.record_run(out, job.identity)
+    (out / "checkpoints" / "step2").mkdir(parents=True)
+    (out / "checkpoints" / "step2" / rundir.COMPLETE_MARKER).write_text('{"step": 2}')
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -347,7 +368,7 @@ def test_the_same_command_with_good_input_reaches_the_launch(workspace, no_proce
             "--data",
             "data.jsonl",
             "--output-dir",
-            "other-model-run",
+            "thesis",
             "--force",
             "--host-spec",
             host_path("cpu-only"),
@@ -355,7 +376,8 @@ def test_the_same_command_with_good_input_reaches_the_launch(workspace, no_proce
     )
     assert isinstance(result.exception, Launched), result.output
     assert len(no_processes) == 1 and "deepspeed.launcher.runner" in no_processes[0][0]
-    assert json.loads((workspace / "other-model-run" / "run_spec.json").read_text())["model"].endswith("model")
+    assert json.loads((workspace / "thesis" / "run_spec.json").read_text())["model"].endswith("model")
+    assert (workspace / "thesis" / "chapter1.tex").read_text() == "mine"
 
 
 def test_smoke_refuses_a_training_runs_folder_and_too_few_steps(tmp_path, monkeypatch):
@@ -364,14 +386,16 @@ def test_smoke_refuses_a_training_runs_folder_and_too_few_steps(tmp_path, monkey
     from launcher.cli import cli
 
     monkeypatch.chdir(tmp_path)
+    from launcher.job import rundir
+
     out = tmp_path / "run"
-    out.mkdir()
+    rundir.claim(out, "train", ("run_spec.json",))
     (out / "run_spec.json").write_text(json.dumps({"model": "m", "data": "d"}))  # a training run's
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"text": "hello world"}) + "\n")
     base = ["--model", "meta-llama/Llama-2-7b", "--data", str(data), "--smoke", "--output-dir", str(out)]
     refused = CliRunner().invoke(cli, base)
     assert refused.exit_code == 2 and "holds a training run, which a smoke test would erase" in refused.output
-    assert sorted(p.name for p in out.iterdir()) == ["run_spec.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["offload-launch.json", "run_spec.json"]
     too_few = CliRunner().invoke(cli, [*base, "--force", "--steps", "1"])
     assert too_few.exit_code == 2 and "--smoke needs --steps of at least 2" in too_few.output

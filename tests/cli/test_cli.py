@@ -222,6 +222,6 @@ def test_training_dry_run_names_the_run_folder_as_typed(tmp_path, monkeypatch):
     args = ["--model", str(demo / "tiny-llama"), "--data", str(demo / "data" / "train.jsonl"), "--dry-run"]
     result = CliRunner().invoke(cli, [*args, "--output-dir", "out", "--host-spec", "cpu-only", "--seq-len", "64"])
     assert result.exit_code == 0, result.output
-    assert "would write out/plan.json, ds_config.json, run_spec.json and run:" in result.output
+    assert "would write out/plan.json, ds_config.json, run_spec.json, start at step 1 and run:" in result.output
     assert f"--run-spec {tmp_path / 'out' / 'run_spec.json'}" in result.output
     assert list(tmp_path.iterdir()) == []

@@ -62,7 +62,7 @@ def test_epochs_set_the_steps_and_the_schedule_length():
     steps = math.ceil(2 * job.n_blocks / (1 * 2 * 3))  # world 1 x micro-batch 2 x accumulation 3
     assert job.n_blocks > 0 and steps != 100  # not the default --steps
     assert job.plan.workload.steps == job.spec.steps == steps
-    assert job.ds_config["scheduler"]["params"]["total_num_steps"] == steps
+    assert job.ds_config["scheduler"]["params"]["total_num_steps"] == steps + 1  # step k runs at iteration k
 
 
 def test_steps_for_epochs_rounds_a_partial_step_up():

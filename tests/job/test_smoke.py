@@ -11,7 +11,7 @@ from transformers import Qwen2Config
 
 from launcher import settings
 from launcher.errors import UserInputError
-from launcher.job import launch, smoke, smoke_run
+from launcher.job import launch, rundir, smoke, smoke_run
 from launcher.job.smoke import CHECKS, EXIT_CODES, Check, SmokeReport
 from tests.helpers import REPO, host_path, save_config
 
@@ -191,9 +191,17 @@ def test_run_smoke_refuses_a_single_step(smoke_settings, launched):
 
 
 def test_run_smoke_refuses_a_training_runs_folder(smoke_settings, tmp_path, launched):
+    rundir.claim(tmp_path / "out", "train", ("cache",))
+    s = smoke_settings(data=str(REPO / "launcher" / "demo" / "data" / "train.jsonl"))
+    with pytest.raises(UserInputError, match="holds a training run"):
+        smoke_run.run_smoke(s, user=None, launcher_args=(), warn=[].append)
+    assert launched == [] and [p.name for p in (tmp_path / "out").iterdir()] == [rundir.MARKER_FILE]
+
+
+def test_run_smoke_refuses_a_folder_it_did_not_make(smoke_settings, tmp_path, launched):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "run_spec.json").write_text(json.dumps({"model": str(DEMO_MODEL), "smoke": False}))
     s = smoke_settings(data=str(REPO / "launcher" / "demo" / "data" / "train.jsonl"))
-    with pytest.raises(UserInputError, match="holds a training run"):
+    with pytest.raises(UserInputError, match="not empty and offload-launch did not make it"):
         smoke_run.run_smoke(s, user=None, launcher_args=(), warn=[].append)
     assert launched == [] and [p.name for p in (tmp_path / "out").iterdir()] == ["run_spec.json"]
