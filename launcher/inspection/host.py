@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserInputError
@@ -25,7 +27,14 @@ __all__ = [
     "op_usable",
     "inspect_host",
     "inspect_nvme",
+    "memory_backed_mount",
+    "mount_of",
+    "parse_mountinfo",
 ]
+
+MOUNTINFO = "/proc/self/mountinfo"
+# File systems whose files live in RAM (or swap): "NVMe" there is the memory the plan already counts as CPU RAM.
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "rootfs"})
 
 
 def _inspect_gpus() -> tuple[GpuSpec, int | None, int | None, list[str]]:
@@ -138,8 +147,76 @@ def check_nvme_room(
         )
 
 
+@dataclass(frozen=True)
+class Mount:
+    mount_point: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: bytes) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 for a space)."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field))
+
+
+def parse_mountinfo(data: bytes) -> list[Mount]:
+    """The mounts in /proc/<pid>/mountinfo order (proc(5)): `ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS
+    [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`. Lines that do not parse are skipped."""
+    mounts = []
+    for line in data.splitlines():
+        fields = line.split(b" ")
+        try:
+            separator = fields.index(b"-", 6)
+            fstype, source = fields[separator + 1], fields[separator + 2]
+        except (ValueError, IndexError):
+            continue
+        mounts.append(Mount(_unescape(fields[4]), _unescape(fstype), _unescape(source)))
+    return mounts
+
+
+def mount_of(path: str | Path, mountinfo: str = MOUNTINFO) -> Mount | None:
+    """The mount that holds `path` (resolved): the one whose mount point is its longest prefix; of mounts
+    stacked on the same point, the last one (the one on top). None where mountinfo cannot be read."""
+    try:
+        mounts = parse_mountinfo(Path(mountinfo).read_bytes())
+    except OSError:
+        return None
+    resolved = os.path.realpath(path)
+    best = None
+    for mount in mounts:
+        point = mount.mount_point
+        inside = point == "/" or resolved == point or resolved.startswith(point + "/")
+        if inside and (best is None or len(point) >= len(best.mount_point)):
+            best = mount
+    return best
+
+
+def memory_backed_mount(path: str | Path, mountinfo: str = MOUNTINFO) -> Mount | None:
+    """The mount under `path` when its files live in memory (tmpfs, ramfs, devtmpfs, ..., or a zram drive)."""
+    mount = mount_of(path, mountinfo)
+    if mount is None:
+        return None
+    if mount.fstype in MEMORY_FILE_SYSTEMS or mount.source.startswith("/dev/zram"):
+        return mount
+    return None
+
+
+def _refuse_memory_backed(path: str, target: Path, what: str) -> None:
+    mount = memory_backed_mount(target)
+    if mount is None:
+        return
+    where = f"{mount.fstype} mounted at {mount.mount_point}"
+    raise UserInputError(
+        f"{what} {path} is on {where}, which lives in RAM: NVMe swap files there take the same memory the plan "
+        f"already counts as CPU RAM; pass a folder on a real drive, or offload to CPU instead "
+        f"(--offload-optimizer cpu / --offload-param cpu, without {what})"
+    )
+
+
 def inspect_nvme(path: str) -> NvmeSpec:
+    """This machine's NVMe folder: it must be a writable folder, and not on a file system in memory."""
     target = check_nvme_folder(path)
+    _refuse_memory_backed(path, target, "--nvme-path")
     return NvmeSpec(
         path=str(target),
         free_bytes=disk_free_bytes(target),

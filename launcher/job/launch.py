@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -145,6 +146,8 @@ def run(
 
 
 SHM_DIR = Path("/dev/shm")
+SHM_BUFFER_PREFIX = "deepspeed_allreduce_buffer"  # shm.cpp's SHM_BUFFER_NAME
+PROC = Path("/proc")
 
 
 def remove_shm_buffers(argv: list[str]) -> list[Path]:
@@ -156,8 +159,125 @@ def remove_shm_buffers(argv: list[str]) -> list[Path]:
         return []
     port = argv[argv.index("--master_port") + 1]
     removed = []
-    for buffer in SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+    for buffer in SHM_DIR.glob(f"{SHM_BUFFER_PREFIX}_{os.getuid()}_*_{port}_*"):
         with contextlib.suppress(OSError):
             buffer.unlink()
+            removed.append(buffer)
+    return removed
+
+
+@dataclass(frozen=True)
+class ShmBuffer:
+    path: Path
+    bytes: int  # the memory it holds (allocated blocks, not the nominal size)
+    mtime_ns: int
+
+
+def _own_buffers(shm_dir: Path) -> list[ShmBuffer]:
+    """This user's DeepSpeed allreduce buffers in `shm_dir`: the name shm.cpp gives them (with this uid) and
+    this user as owner, regular files only."""
+    uid = os.getuid()
+    pattern = re.compile(rf"{SHM_BUFFER_PREFIX}_{uid}_.+_\d+_\d+")
+    found = []
+    for path in sorted(shm_dir.glob(f"{SHM_BUFFER_PREFIX}_{uid}_*")):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if pattern.fullmatch(path.name) and st.st_uid == uid and path.is_file() and not path.is_symlink():
+            found.append(ShmBuffer(path, st.st_blocks * 512, st.st_mtime_ns))
+    return found
+
+
+def _may_run_deepspeed(pid_dir: Path, uid: int) -> bool:
+    """A process whose maps and open files cannot be read (it turned off dumping, as ssh-agent does): could it
+    hold this user's buffers? Only if it runs as this user and is a Python / DeepSpeed process (the buffers
+    are made and mapped by shm.cpp inside a rank). Its status and cmdline stay readable."""
+    try:
+        status = (pid_dir / "status").read_text()
+        cmdline = (pid_dir / "cmdline").read_bytes()
+    except OSError:
+        return False  # gone, or hidden from this user
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    return str(uid) in uids and any(word in cmdline for word in (b"python", b"deepspeed", b"launcher.rank"))
+
+
+def _held(buffers: list[ShmBuffer], proc: Path) -> set[Path] | None:
+    """The buffers some live process maps (/proc/<pid>/maps) or holds open (/proc/<pid>/fd), matched by device
+    and inode and, as a second net, by name. None when a process that might hold them cannot be read: then
+    nothing can be proven left behind."""
+    wanted = {}
+    for buffer in buffers:
+        st = buffer.path.stat()
+        wanted[(st.st_dev, st.st_ino)] = buffer.path
+    names = {buffer.path.name: buffer.path for buffer in buffers}
+    held: set[Path] = set()
+    uid = os.getuid()
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            maps = (pid_dir / "maps").read_text(errors="replace")
+            fds = list((pid_dir / "fd").iterdir())
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        except OSError:
+            if _may_run_deepspeed(pid_dir, uid):
+                return None
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) < 5 or fields[4] == "0":
+                continue
+            major, _, minor = fields[3].partition(":")
+            try:
+                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            except ValueError:
+                key = None
+            if key in wanted:
+                held.add(wanted[key])
+            name = fields[5].removesuffix(" (deleted)").rsplit("/", 1)[-1] if len(fields) > 5 else ""
+            if name in names:
+                held.add(names[name])
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+                # only DeepSpeed's files are followed: a stat through the link could hang on a dead NFS mount
+                st = fd.stat() if SHM_BUFFER_PREFIX in target else None
+            except OSError:
+                continue
+            if st is not None and (st.st_dev, st.st_ino) in wanted:
+                held.add(wanted[(st.st_dev, st.st_ino)])
+            name = target.removesuffix(" (deleted)").rsplit("/", 1)[-1]
+            if name in names:
+                held.add(names[name])
+    return held
+
+
+def orphaned_shm_buffers(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> list[ShmBuffer]:
+    """This user's DeepSpeed allreduce buffers in `shm_dir` whose owners are gone: no live process maps them or
+    holds them open. A rank keeps its own buffer's descriptor open and maps every rank's buffer for its whole
+    life, so a buffer nobody holds belongs to a run that was killed before its launcher could remove it."""
+    buffers = _own_buffers(shm_dir)
+    if not buffers:
+        return []
+    try:
+        held = _held(buffers, proc)
+    except OSError:
+        return []  # a buffer vanished meanwhile (another launcher cleaned up): look again next time
+    if held is None:
+        return []
+    return [buffer for buffer in buffers if buffer.path not in held]
+
+
+def remove_orphaned_shm_buffers(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> list[ShmBuffer]:
+    """Remove the buffers killed runs left (`orphaned_shm_buffers`); what was removed. A buffer changed since it
+    was looked at (a new run reusing the same name) is kept."""
+    removed = []
+    for buffer in orphaned_shm_buffers(shm_dir, proc):
+        with contextlib.suppress(OSError):
+            if buffer.path.lstat().st_mtime_ns != buffer.mtime_ns:
+                continue
+            buffer.path.unlink()
             removed.append(buffer)
     return removed

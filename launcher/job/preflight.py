@@ -18,6 +18,7 @@ from launcher.deepspeed_logging import import_deepspeed
 from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped
 from launcher.files import folder_bytes
 from launcher.inspection.host import aio_usable, op_usable
+from launcher.job import launch
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
 from launcher.plan.planner import Plan
 from launcher.units import fmt_bytes
@@ -181,10 +182,28 @@ def _ninja_available() -> bool:
     return is_ninja_available()
 
 
+def shm_leftovers(*, remove: bool, warn: Callable[[str], None]) -> list[launch.ShmBuffer]:
+    """DeepSpeed's allreduce buffers that killed runs left in /dev/shm (their owners gone: no live process maps
+    them; a launcher that returns removes its own run's). A real run removes them, so that the /dev/shm check
+    and the run itself see the room; a dry run only says what that would free."""
+    shm_dir = Path(SHM_PATH)
+    buffers = launch.remove_orphaned_shm_buffers(shm_dir) if remove else launch.orphaned_shm_buffers(shm_dir)
+    if buffers:
+        size = fmt_bytes(sum(buffer.bytes for buffer in buffers))
+        what = f"{len(buffers)} DeepSpeed allreduce buffer{'s' if len(buffers) != 1 else ''} left by killed runs"
+        if remove:
+            warn(f"freed {size} of {SHM_PATH}: {what} (owners gone)")
+        else:
+            warn(f"warning: {SHM_PATH} holds {size} in {what} (owners gone); a real run removes them")
+    return buffers
+
+
 def enforce(plan: Plan, own_swap_dir: str | None, *, fatal: bool, warn: Callable[[str], None]) -> None:
     """This machine's limits against the plan, before anything is written or started: every non-fatal problem
     (all of them when not `fatal`, as in a dry run) goes to `warn`; then the first fatal one stops the run
-    with its exit code."""
+    with its exit code. First a real run frees the /dev/shm that killed runs left (`shm_leftovers`)."""
+    if fatal or plan.host.source == "live":
+        shm_leftovers(remove=fatal, warn=warn)
     problems = find_problems(plan, own_swap_dir)
     for problem in problems:
         if not (fatal and problem.fatal):

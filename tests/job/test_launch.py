@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.errors import UserInputError
 from launcher.files import write_json_atomic
 from launcher.job import launch, rundir
 from launcher.rank.checkpoints import COMPLETE_MARKER, complete_checkpoints, trim_metrics
@@ -124,24 +122,6 @@ def test_swap_dir_is_per_run_and_stable(tmp_path):
     assert a1 == rundir.swap_dir("/nvme", str(tmp_path / "a"))
     assert a1 != rundir.swap_dir("/nvme", str(tmp_path / "b"))
     assert a1.startswith("/nvme/offload-launch-")
-
-
-def test_output_dir_of_another_run_is_refused(tmp_path):
-    (tmp_path / "run_spec.json").write_text(json.dumps({"model": "/m/a", "data": "/d/x"}))
-    rundir.check_owner(tmp_path, "/m/a", "/d/x", force=False)
-    with pytest.raises(UserInputError, match="holds a run of model '/m/a'.*--force"):
-        rundir.check_owner(tmp_path, "/m/b", "/d/x", force=False)
-    with pytest.raises(UserInputError, match="holds a run of data"):
-        rundir.check_owner(tmp_path, "/m/a", "/d/y", force=False)
-    rundir.check_owner(tmp_path, "/m/b", "/d/y", force=True)
-
-
-def test_start_over_keeps_the_data_cache(tmp_path):
-    for name in ("checkpoints/step2", "final", "cache"):
-        (tmp_path / name).mkdir(parents=True)
-    (tmp_path / "metrics.jsonl").write_text("{}\n")
-    rundir.start_over(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
 def test_half_written_checkpoints_are_never_picked(tmp_path):
