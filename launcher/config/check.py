@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher import settings as settings_schema
-from launcher.config.final import read_user_config, user_pins
+from launcher.config.final import DUPLICATE_FIX, read_user_config, user_pins
 from launcher.plan.build import build_plan
 from launcher.plan.planner import Plan
 
@@ -41,7 +41,12 @@ def check_config(config_file: str, typed: Mapping[str, object]) -> CheckResult:
     micro-batch and accumulation size the activations)."""
     from launcher.config import lint
 
-    user = read_user_config(config_file)
+    user = read_user_config(config_file, duplicates_ok=True)
     pins = {k: v for k, v in user_pins(user).items() if k in BATCH_PINS}
     plan = build_plan(settings_schema.layer(typed, pins=pins))
-    return CheckResult(config_file, plan, lint.lint(user.config, plan, plan.world_size))
+    repeated = [lint.Finding("error", d.path, f"duplicate key ({d.where}); {DUPLICATE_FIX}") for d in user.duplicates]
+    # the rest is linted as json read it (the last of each repeated key); DeepSpeed's own parse, which runs
+    # only on a config with no error, is skipped: it would refuse the file for the repeat alone
+    return CheckResult(
+        config_file, plan, repeated + lint.lint(user.config, plan, plan.world_size, deepspeed=not repeated)
+    )

@@ -16,6 +16,13 @@ from launcher.errors import UserInputError
 from launcher.plan.planner import Plan
 
 OFFLOAD_SECTIONS = ("offload_optimizer", "offload_param")
+# DeepSpeed's own configs nest 6 levels at most (compression_training.weight_quantization.different_groups.
+# wq1.params.start_bits); deeper is a broken file, refused before the merge, lint and schema recurse into it.
+MAX_DEPTH = 32
+DUPLICATE_FIX = (
+    "DeepSpeed refuses a ds_config with a duplicate key (plain json.load keeps the last one silently); "
+    "keep one, merged if both are sections"
+)
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,7 @@ class UserConfig:
 
     path: str
     config: dict
+    duplicates: tuple[textfiles.DuplicateKey, ...] = ()  # keys set twice (json keeps the last); `check` lists them
 
 
 @dataclass(frozen=True)
@@ -32,16 +40,23 @@ class FinalConfig:
     warnings: tuple[str, ...]  # lint warnings about the user's config, each starting with its file name
 
 
-def read_user_config(path: str) -> UserConfig:
-    """A user's ds_config file (JSON), or a one-line error naming the file and the line."""
+def read_user_config(path: str, *, duplicates_ok: bool = False) -> UserConfig:
+    """A user's ds_config file (JSON), or a one-line error naming the file and the line. A key set twice at
+    any depth is such an error, as DeepSpeed refuses the file, unless `duplicates_ok` (`check` reports each
+    one as a finding and lints the rest)."""
     try:
         text = textfiles.read_text(path)
     except OSError as exc:
         raise UserInputError(f"--ds-config {path}: {exc.strerror}; pass an existing ds_config JSON file") from None
-    config = textfiles.parse(text, path, as_json=True)
+    document = textfiles.parse_json(text, path, max_depth=MAX_DEPTH)
+    config = document.value
     if not isinstance(config, dict):
         raise UserInputError(f"{path}: a ds_config is a JSON object, got a {type(config).__name__}")
-    return UserConfig(path, config)
+    if document.duplicates and not duplicates_ok:
+        first, more = document.duplicates[0], len(document.duplicates) - 1
+        others = f" (and {more} more: run offload-launch check on it)" if more else ""
+        raise UserInputError(f"{path}:{first.lines[1]}: {first}{others}; {DUPLICATE_FIX}")
+    return UserConfig(path, config, document.duplicates)
 
 
 def user_pins(user: UserConfig | None) -> dict:
