@@ -22,7 +22,10 @@ Examples:
 def report(run_dir: str, out: str | None) -> None:
     """Render a run folder as an image: loss and step time over the steps, the plan's predicted step time,
     and measured / predicted memory and speed."""
+    from launcher.job import rundir
     from launcher.views import run_chart
 
-    path = run_chart.render_run(Path(run_dir), Path(out) if out else Path(run_dir) / "report.png")
+    if out is None:
+        rundir.claim_name(Path(run_dir), rundir.REPORT_FILE)  # only ever replaces a report.png it wrote itself
+    path = run_chart.render_run(Path(run_dir), Path(out) if out else Path(run_dir) / rundir.REPORT_FILE)
     click.echo(f"wrote {path}")

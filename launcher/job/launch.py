@@ -103,12 +103,19 @@ def run(
     *,
     timeout: float | None = None,
     stdout_to_stderr: bool = False,
+    inherit_fds: tuple[int, ...] = (),
 ) -> int:
     """Start the launcher in its own process group and wait. Ctrl-C / SIGTERM stop every rank; so does
     `timeout` (seconds), after which the exit code is TIMEOUT_EXIT. `stdout_to_stderr` keeps the ranks'
-    output off stdout (for --json, whose stdout is one object)."""
+    output off stdout (for --json, whose stdout is one object). `inherit_fds` stay open in the launcher: the
+    output folder's lock, so that it is held as long as DeepSpeed's runner lives, even if this process is
+    killed and the runner (in its own session) carries on."""
     process = subprocess.Popen(
-        argv, env={**base_env, **env}, start_new_session=True, stdout=sys.stderr if stdout_to_stderr else None
+        argv,
+        env={**base_env, **env},
+        start_new_session=True,
+        stdout=sys.stderr if stdout_to_stderr else None,
+        pass_fds=inherit_fds,
     )
     forwarder = _Forwarder(process)
     previous = {sig: signal.signal(sig, forwarder) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -48,7 +48,8 @@ RESULT_NAMES = (METRICS_FILE, SUMMARY_FILE, "checkpoints", "final")  # a trainin
 CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json")  # rewritten by every run
 SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT = "smoke.json", "smoke-model", "smoke-checkpoint"  # a smoke test's
 SMOKE_NAMES = (SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT)
-TOOL_NAMES = (MARKER_FILE, LOCK_FILE, *CONFIG_NAMES, *RESULT_NAMES, "cache", *SMOKE_NAMES, "report.png")
+REPORT_FILE = "report.png"  # `offload-launch report RUN` without --out
+TOOL_NAMES = (MARKER_FILE, LOCK_FILE, *CONFIG_NAMES, *RESULT_NAMES, "cache", *SMOKE_NAMES, REPORT_FILE)
 COMPLETE_MARKER = "complete.json"  # written last into a checkpoint: one without it is never resumed from
 CHECKPOINT_TAG = re.compile(r"step(\d+)")  # the tool's checkpoint folders: checkpoints/step<N>
 SWAP_PREFIX = "offload-launch-"  # every run's folder under --nvme-path starts with this
@@ -214,6 +215,17 @@ def claim(out: Path, kind: str, names: tuple[str, ...], found: dict | None = Non
     marker = {**marker, "kind": kind, "made": sorted({*marker["made"], *claimed, MARKER_FILE})}
     write_marker(out, marker)
     return marker
+
+
+def claim_name(out: Path, name: str) -> None:
+    """Before a command other than a run writes `name` into OUT (`report`'s image): in a folder with the marker
+    the name is recorded as made, and one that holds somebody else's file is refused."""
+    marker = read_marker(out)
+    if marker is None or name in marker["made"]:
+        return
+    if (Path(out) / name).exists():
+        raise UserInputError(f"{Path(out) / name} was not written by offload-launch; pass --out with another file")
+    write_marker(out, {**marker, "made": sorted({*marker["made"], name})})
 
 
 def start_over(out: Path, names: tuple[str, ...] = RESULT_NAMES) -> list[str]:

@@ -36,15 +36,21 @@ def run_smoke(
     if settings.steps < 2:
         raise UserInputError(f"--smoke needs --steps of at least 2 to see the loss fall, got {settings.steps}")
     ownership = rundir.check_folder(out, "smoke", settings.force)
-    with rundir.FolderLock(out):
+    with rundir.FolderLock(out) as lock:
         for message in ownership.messages:
             warn(message)
         rundir.claim(out, "smoke", ("cache", rundir.SMOKE_MODEL), ownership.marker)
-        return _run_smoke(settings, out, started, user, launcher_args, warn)
+        return _run_smoke(settings, out, started, user, launcher_args, warn, lock)
 
 
 def _run_smoke(
-    settings: Settings, out: Path, started: float, user: UserConfig | None, launcher_args: tuple[str, ...], warn: Warn
+    settings: Settings,
+    out: Path,
+    started: float,
+    user: UserConfig | None,
+    launcher_args: tuple[str, ...],
+    warn: Warn,
+    lock: rundir.FolderLock,
 ) -> SmokeReport:
     report = SmokeReport(model=settings.model, strategy=None, layers=settings.smoke_layers, full_model=None)
     if settings.smoke_layers:
@@ -61,7 +67,9 @@ def _run_smoke(
     warn(f"smoke test: {launch.format_command(job.argv, job.env)}")
     budget = settings.smoke_timeout * 60 - (time.monotonic() - started)
     t0 = time.monotonic()
-    code = launch.run(job.argv, job.env, dict(os.environ), timeout=max(1.0, budget), stdout_to_stderr=True)
+    code = launch.run(
+        job.argv, job.env, dict(os.environ), timeout=max(1.0, budget), stdout_to_stderr=True, inherit_fds=(lock.fd,)
+    )
     _run_checks(report, out, code, time.monotonic() - t0, settings.smoke_timeout)
     return finish(report)
 

@@ -140,7 +140,10 @@ def write_run(run: PreparedRun, *, resume: bool) -> None:
 
 def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
     """Run DeepSpeed's launcher to the end; the run's summary (OUT/run.json) or Stopped with its exit code."""
-    code = launch.run(run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr)
+    lock_fd = () if run.lock is None or run.lock.fd is None else (run.lock.fd,)
+    code = launch.run(
+        run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr, inherit_fds=lock_fd
+    )
     if code != 0:
         raise Stopped(stopped_message(run.out, code), code)
     return json.loads((run.out / rundir.SUMMARY_FILE).read_text())

@@ -45,9 +45,7 @@ def wait_for(condition, proc: subprocess.Popen, what: str, seconds: float = 600)
         time.sleep(0.05)
 
 
-def test_two_runs_into_one_folder_at_once(
-    tiny_model, tiny_data, tmp_path
-):
+def test_two_runs_into_one_folder_at_once(tiny_model, tiny_data, tmp_path):
     out = tmp_path / "run"
     first = started(out, tiny_model, tiny_data, *TINY)
     wait_for(lambda: (out / rundir.LOCK_FILE).exists(), first, "the first run's lock")

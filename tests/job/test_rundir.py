@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,38 @@ def test_more_steps_and_moved_files_with_the_same_contents_are_stated_not_refuse
 
 def test_nothing_to_resume_means_nothing_to_compare():
     assert rundir.resume_changes(IDENTITY, {**IDENTITY, "seq_len": 9}, 0) == rundir.ResumeCheck(0)
+
+
+def test_report_claims_its_image_and_never_replaces_somebody_elses(tmp_path):
+    out = tmp_path / "out"
+    rundir.claim(out, "train", ("cache",))
+    rundir.claim_name(out, rundir.REPORT_FILE)
+    assert rundir.REPORT_FILE in rundir.read_marker(out)["made"]
+    theirs = tmp_path / "theirs"
+    rundir.claim(theirs, "train", ("cache",))
+    (theirs / rundir.REPORT_FILE).write_bytes(b"mine")
+    with pytest.raises(UserInputError, match="report.png was not written by offload-launch; pass --out"):
+        rundir.claim_name(theirs, rundir.REPORT_FILE)
+
+
+def test_the_launcher_keeps_the_lock_when_offload_launch_itself_is_killed(tmp_path):
+    """DeepSpeed's runner runs in its own session and outlives a SIGKILLed offload-launch: it inherits the lock,
+    so a second run cannot start beside the ranks that are still training."""
+    out = tmp_path / "out"
+    script = (
+        "import os, sys\n"
+        "from launcher.job import launch\n"
+        "from launcher.job.rundir import FolderLock\n"
+        f"lock = FolderLock({str(out)!r}).acquire()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"  # the child stands in for the CLI's wait; the parent is then killed below
+        "    runner = [sys.executable, '-c', 'import time; time.sleep(4)']\n"
+        "    launch.run(runner, {}, dict(os.environ), inherit_fds=(lock.fd,))\n"
+        "    os._exit(0)\n"
+        "import time; time.sleep(1); os.kill(pid, 9); os.kill(os.getpid(), 9)\n"
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    with pytest.raises(UserInputError, match="is in use by another offload-launch run"):
+        rundir.FolderLock(out).acquire()  # the "runner" (sleep 4) still holds it
+    time.sleep(4)
+    rundir.FolderLock(out).acquire().release()
