@@ -99,7 +99,7 @@ def _token_chunks(source: DataSource, tokenizer, text_field: str, eos: int) -> I
 def _document(where: str, record: dict, text_field: str, vocab: int) -> str | list[int] | None:
     ids = record.get(INPUT_IDS)
     if isinstance(ids, str):  # a csv cell holding "[1, 2, 3]"; anything else unparsable is reported below
-        with contextlib.suppress(json.JSONDecodeError):
+        with contextlib.suppress(ValueError, RecursionError):  # bad JSON, a number too long, nesting too deep
             ids = json.loads(ids) if ids.strip() else None
     if ids is not None:
         try:
@@ -117,10 +117,23 @@ def _document(where: str, record: dict, text_field: str, vocab: int) -> str | li
         return array.tolist()
     text = record.get(text_field)
     if text is None or isinstance(text, str):
+        _check_unicode(where, text, text_field)
         return text
     raise UserInputError(
         f"{where}: '{text_field}' holds a {type(text).__name__}, not text; pass --text-field with a text column"
     )
+
+
+def _check_unicode(where: str, text: str | None, text_field: str) -> None:
+    """A JSON escape such as "\\ud800" decodes to half a surrogate pair, which is no text a tokenizer takes."""
+    if text and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UserInputError(
+                f"{where}: '{text_field}' holds {text[exc.start]!r}, half of a surrogate pair, not a character; "
+                f"fix that \\u escape or drop the record"
+            ) from None
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
