@@ -160,4 +160,9 @@ def stopped_message(out: Path, code: int) -> str:
     )
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         return f"training stopped by {signal.Signals(code - 128).name} (exit {code}); the same command {then}"
+    if code in (128 + signal.SIGKILL, 256 - signal.SIGKILL):  # the shell's and DeepSpeed's launch.py's spelling
+        return (
+            f"training stopped: a rank was killed (SIGKILL, exit {code}; the OOM killer does this when memory runs "
+            f"out, and dmesg says so); the same command {then}"
+        )
     return f"training stopped (exit {code}); the log above says why: once that is fixed, the same command {then}"

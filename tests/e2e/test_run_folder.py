@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -132,6 +132,7 @@ class OneFolder(RuleBasedStateMachine):
         if not self.forced:  # the folder holds the user's files: only --force takes it, once
             extra = (*extra, "--force")
         proc = launch(self.model, self.data, self.out, *extra, env=env)
+        note(f"{' '.join(extra)} {env or ''} -> exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         if proc.returncode == 0:
             self.forced = True
@@ -141,14 +142,16 @@ class OneFolder(RuleBasedStateMachine):
     def the_user_adds_a_file(self, foreign):
         self.user_writes(foreign)
 
-    @rule(steps=st.integers(2, 4))
+    @rule(steps=st.integers(2, 6))
     def run(self, steps):
         proc = self.command("--steps", str(steps), "--save-every", "1")
         assert proc.returncode in (0, 2), proc.stderr[-3000:]  # 2: a resume that cannot work (fewer steps)
 
     @rule()
     def interrupted_run(self):
-        proc = self.command("--steps", "4", "--save-every", "1", env={KILL_AT_ENV: "step:3"})
+        """Killed (SIGKILL, rank 0) two steps after its newest checkpoint, so each interruption makes progress."""
+        kill = rundir.newest_checkpoint_step(self.out) + 2
+        proc = self.command("--steps", "6", "--save-every", "1", env={KILL_AT_ENV: f"step:{kill}"})
         assert proc.returncode != 0 or "already finished" in proc.stdout
 
     @rule(change=st.sampled_from([("--seq-len", "32"), ("--lr", "1e-3"), ("--micro-batch", "2")]))
@@ -195,8 +198,8 @@ def test_random_commands_never_touch_the_users_files_nor_repeat_a_step(tiny_mode
     OneFolder.model, OneFolder.data, OneFolder.root = tiny_model, tiny_data, tmp_path
     machine = OneFolder.TestCase
     machine.settings = settings(
-        max_examples=3,
-        stateful_step_count=5,
+        max_examples=4,
+        stateful_step_count=6,
         derandomize=True,
         database=None,
         deadline=None,

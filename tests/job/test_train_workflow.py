@@ -161,6 +161,9 @@ def test_a_failed_launch_stops_with_its_exit_code_and_says_what_a_rerun_does(pre
     (step2 / rundir.COMPLETE_MARKER).write_text('{"step": 2}')
     with pytest.raises(Stopped, match=r"stopped by SIGINT \(exit 130\); the same command resumes after step 2"):
         train.launch_run(prepared, stdout_to_stderr=False)
+    stand_in_launch(monkeypatch, 247)  # rank 0 SIGKILLed: DeepSpeed's launch.py exits with its -9
+    with pytest.raises(Stopped, match=r"a rank was killed \(SIGKILL, exit 247; the OOM killer"):
+        train.launch_run(prepared, stdout_to_stderr=False)
 
 
 def test_a_clean_launch_returns_the_runs_summary(prepared, monkeypatch):
