@@ -155,6 +155,15 @@ def _entries(out: Path) -> list[str]:
         raise UserInputError(f"--output-dir {out} is a file, not a folder; pass a folder") from None
 
 
+def _free(out: Path, name: str) -> bool:
+    """A tool name that holds nothing of anybody's: the lock file, or an empty folder (one made ready for the
+    run, e.g. a mount point for OUT/checkpoints on another disk)."""
+    path = out / name
+    if name == LOCK_FILE:
+        return True
+    return name in TOOL_NAMES and path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
 def _named(names: list[str]) -> str:
     shown = ", ".join(names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
@@ -175,7 +184,7 @@ def check_folder(out: Path, kind: str, force: bool) -> Ownership:
     for a folder that holds somebody else's files (unless --force, which still refuses when a name the
     tool writes holds them), and for a smoke test over a training run (unless --force)."""
     out = Path(out)
-    entries = [name for name in _entries(out) if name != LOCK_FILE]
+    entries = [name for name in _entries(out) if name != LOCK_FILE and not _free(out, name)]
     marker = read_marker(out) or (_legacy_marker(out) if entries else None)
     if marker is None and entries:
         if not force:
@@ -211,7 +220,7 @@ def claim(out: Path, kind: str, names: tuple[str, ...], found: dict | None = Non
     marker = read_marker(out) or found or new_marker(kind)
     entries = set(_entries(out))
     # a name already there that the marker does not list is somebody else's: never claimed, so never deleted
-    claimed = [name for name in names if name in marker["made"] or name not in entries or name == LOCK_FILE]
+    claimed = [name for name in names if name in marker["made"] or name not in entries or _free(out, name)]
     marker = {**marker, "kind": kind, "made": sorted({*marker["made"], *claimed, MARKER_FILE})}
     write_marker(out, marker)
     return marker

@@ -88,6 +88,7 @@ def test_force_still_refuses_when_a_name_the_tool_writes_holds_somebody_elses_fi
     (out / "final").mkdir(parents=True)
     (out / "final" / "thesis.txt").write_text("mine")
     (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "mine.txt").write_text("mine")
     with pytest.raises(UserInputError, match="--force cannot use .*out: checkpoints, final are names offload-launch"):
         rundir.check_folder(out, "train", force=True)
 
@@ -270,3 +271,11 @@ def test_the_launcher_keeps_the_lock_when_offload_launch_itself_is_killed(tmp_pa
         rundir.FolderLock(out).acquire()  # the "runner" (sleep 4) still holds it
     time.sleep(4)
     rundir.FolderLock(out).acquire().release()
+
+
+def test_an_empty_folder_at_a_tool_name_is_ready_for_the_run_not_somebody_elses(tmp_path):
+    """e.g. OUT/checkpoints made beforehand as the mount point of another disk."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    assert rundir.check_folder(out, "train", force=False).marker is None
+    assert "checkpoints" in rundir.claim(out, "train", rundir.RESULT_NAMES)["made"]
