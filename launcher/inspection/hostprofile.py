@@ -19,10 +19,13 @@ class GpuSpec:
     """One node's GPUs (identical, as DeepSpeed's launcher assumes)."""
 
     count: int
-    memory_bytes: int  # per GPU
+    # per GPU, what the plan may use: a live probe's FREE memory (the least on any selected device), a
+    # described host's `gpus.memory`
+    memory_bytes: int
     name: str = "unknown GPU"
     tflops: float | None = None  # dense bf16/fp16 TFLOP/s per GPU, when known
     compute_capability: tuple[int, int] = (8, 0)
+    total_memory_bytes: int | None = None  # per GPU, installed (live probes; None for described hosts)
 
     @property
     def bf16(self) -> bool:
@@ -58,6 +61,8 @@ class HostProfile:
     cpu_memory_bandwidth_bytes_per_s: int | None = None  # when described (a probe measures it)
     cpu_adam_params_per_s: float | None = None  # DeepSpeedCPUAdam throughput per node, when described
     notes: tuple[str, ...] = field(default=())
+    # what the plan should warn about (another process holds memory on a selected GPU, ...)
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def has_gpu(self) -> bool:
@@ -93,6 +98,7 @@ class HostProfile:
             "gpus": {
                 "count": self.gpus.count,
                 "memory_bytes": self.gpus.memory_bytes,
+                "total_memory_bytes": self.gpus.total_memory_bytes,
                 "name": self.gpus.name,
                 "tflops": self.gpus.tflops,
                 "compute_capability": ".".join(map(str, self.gpus.compute_capability)),
@@ -122,4 +128,5 @@ class HostProfile:
             "cpu_memory_bandwidth_bytes_per_s": self.cpu_memory_bandwidth_bytes_per_s,
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }

@@ -37,6 +37,10 @@ class LaunchSpec:
     bind_cores: bool = False
     extra_args: tuple[str, ...] = ()  # after `--`, for DeepSpeed's launcher
     python: str = sys.executable
+    # The GPUs to put the ranks on (CUDA_VISIBLE_DEVICES, resolved to indices), one per rank; None: DeepSpeed's
+    # default, GPUs 0..ranks_per_node-1. Used for single-node CUDA runs only.
+    devices: tuple[int, ...] | None = None
+    pci_bus_order: bool = False  # `devices` are NVML (PCI bus) indices: the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID
 
     @property
     def threads_per_rank(self) -> int:
@@ -54,11 +58,36 @@ def free_port() -> int:
 def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     """(argv, environment additions) for `python -m deepspeed.launcher.runner ... --module launcher.rank`."""
     argv = [spec.python, "-m", "deepspeed.launcher.runner"]
+    # How DeepSpeed 0.19.8's runner (deepspeed/launcher/runner.py, main()) picks the devices:
+    #     # respect VISIBLE_DEVICES for a single node and no explicit resource filters
+    #     visible_devices = os.environ.get(visible_devices_env, "")
+    #     if not resource_pool and len(visible_devices):
+    #         if len(args.include) or len(args.exclude) or args.num_nodes > 1 or args.num_gpus > 0:
+    #             print(f"{detected_str} but ignoring it because one or several of --include/--exclude/--num_gpus/...")
+    #         else:
+    #             args.include = f"localhost:{visible_devices}"
+    #         del os.environ[visible_devices_env]
+    # and then `if args.num_gpus > 0: updated_active_resources[hostname] = list(range(num_gpus))` (in
+    # apply_num_nodes_and_gpus), so `--num_gpus N` drops the user's CUDA_VISIBLE_DEVICES and puts the ranks on
+    # GPUs 0..N-1; deepspeed/launcher/launch.py then gives every rank CUDA_VISIBLE_DEVICES=<those ids>
+    # (`get_accelerator().set_visible_devices_envs(current_env, local_accelerator_ids)`). The selection is kept
+    # by naming it: `--include localhost:IDS` (ids are ints: `slots = [int(x) for x in slots.split(SLOT_SEP)]`,
+    # each checked against range(device_count)), and without --num_gpus/--num_nodes, which the runner refuses
+    # beside it: `if args.num_nodes >= 0 or args.num_gpus >= 0: if args.include != "" or args.exclude != "":
+    # raise ValueError("Cannot specify num_nodes/gpus with include/exclude")` (both default to -1).
+    # With a hostfile the branch above is skipped (`not resource_pool` is false): the devices are each host's
+    # `slots=N`, i.e. 0..N-1 trimmed by --num_gpus, or the user's own --include/--exclude HOST:SLOTS (passed
+    # through extra_args); this machine's CUDA_VISIBLE_DEVICES is not exported to the hosts (only
+    # EXPORT_ENVS and the accelerator's export_envs() are) and launch.py overrides it on each of them.
+    # --force_multi only forces that multi-node path (pdsh/ssh) for one host; it selects no devices.
+    include = spec.devices is not None and spec.accelerator == "cuda" and not spec.hostfile
     if spec.hostfile:
-        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher]
+        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher, "--num_gpus", str(spec.ranks_per_node)]
+    elif include:
+        argv += ["--include", "localhost:" + ",".join(map(str, spec.devices))]
     else:
-        argv += ["--num_nodes", "1"]
-    argv += ["--num_gpus", str(spec.ranks_per_node), "--master_port", str(spec.master_port)]
+        argv += ["--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node)]
+    argv += ["--master_port", str(spec.master_port)]
     if spec.master_addr:
         argv += ["--master_addr", spec.master_addr]
     if spec.bind_cores:
@@ -73,6 +102,8 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     }
     if spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+    if include and spec.pci_bus_order:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ranks' CUDA numbers GPUs as NVML did
     return argv, env
 
 
@@ -110,6 +141,10 @@ def run(
     output off stdout (for --json, whose stdout is one object). `inherit_fds` stay open in the launcher: the
     output folder's lock, so that it is held as long as DeepSpeed's runner lives, even if this process is
     killed and the runner (in its own session) carries on."""
+    if "--include" in argv:
+        # The devices are named in --include: DeepSpeed's runner would only print that it ignores
+        # CUDA_VISIBLE_DEVICES, delete it, and count the GPUs (to check the ids) with it still read by CUDA.
+        base_env = {k: v for k, v in base_env.items() if k != "CUDA_VISIBLE_DEVICES"}
     process = subprocess.Popen(
         argv,
         env={**base_env, **env},

@@ -227,6 +227,15 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> Run
 
 
 def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[str, ...]) -> launch.LaunchSpec:
+    """How DeepSpeed's launcher starts the ranks. On one CUDA node, the GPUs CUDA_VISIBLE_DEVICES selects are
+    named (--include): DeepSpeed's --num_gpus would put the ranks on GPUs 0..N-1 whatever it says."""
+    import os
+
+    from launcher.inspection.host import VISIBLE_DEVICES_ENV, launch_devices
+
+    devices = None
+    if plan.host.accelerator == "cuda" and not settings.hostfile:
+        devices = launch_devices(os.environ.get(VISIBLE_DEVICES_ENV), plan.ranks_per_node)
     return launch.LaunchSpec(
         run_spec_path=str(out.resolve() / RUN_SPEC_FILE),
         ranks_per_node=plan.ranks_per_node,
@@ -238,6 +247,8 @@ def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[
         master_addr=settings.master_addr,
         bind_cores=settings.bind_cores,
         extra_args=launcher_args,
+        devices=None if devices is None else devices[0],
+        pci_bus_order=devices is not None and devices[1],
     )
 
 

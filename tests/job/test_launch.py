@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
@@ -174,3 +175,102 @@ def test_the_runs_shared_memory_buffers_are_removed_and_no_others(tmp_path, monk
     removed = launch.remove_shm_buffers(["python", "-m", "deepspeed.launcher.runner", "--master_port", "29511"])
     assert sorted(removed) == sorted(ours)
     assert other_port.exists() and other_user.exists() and not any(p.exists() for p in ours)
+
+
+def dry_run(tmp_path, tiny_llama_dir, host: str, *args: str):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    return CliRunner().invoke(
+        cli,
+        ["--model", str(tiny_llama_dir), "--data", str(data), "--host-spec", host_path(host)]
+        + ["--output-dir", str(tmp_path / "out"), "--dry-run", *args],
+    )
+
+
+def test_cuda_visible_devices_become_deepspeeds_include(tmp_path, tiny_llama_dir, monkeypatch):
+    """DeepSpeed's runner drops CUDA_VISIBLE_DEVICES when --num_gpus is given and uses GPUs 0..N-1; the
+    selection must reach it as --include, without --num_gpus/--num_nodes (which it refuses beside it)."""
+    argv, env = launch.build_command(spec(accelerator="cuda", devices=(1, 3)))
+    assert argv[3:7] == ["--include", "localhost:1,3", "--master_port", "29611"]
+    assert "--num_gpus" not in argv and "--num_nodes" not in argv
+    assert "DS_ACCELERATOR" not in env and "CUDA_DEVICE_ORDER" not in env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g", "--num-gpus", "2")
+    assert result.exit_code == 0, result.output
+    assert "--include localhost:1,3 --master_port" in result.output
+    assert "--num_gpus" not in result.output and "--num_nodes" not in result.output
+
+
+def test_gpus_named_by_uuid_are_included_by_pci_bus_index():
+    argv, env = launch.build_command(spec(accelerator="cuda", ranks_per_node=1, devices=(2,), pci_bus_order=True))
+    assert argv[3:5] == ["--include", "localhost:2"] and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_cuda_without_cuda_visible_devices_is_unchanged(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g", "--num-gpus", "2")
+    assert result.exit_code == 0, result.output
+    assert "--num_nodes 1 --num_gpus 2 --master_port" in result.output and "--include" not in result.output
+
+
+def test_a_device_selection_leaves_the_cpu_accelerator_and_hostfiles_unchanged(tmp_path, tiny_llama_dir, monkeypatch):
+    argv, env = launch.build_command(spec(accelerator="cpu", devices=(1, 3)))
+    assert argv[3:7] == ["--num_nodes", "1", "--num_gpus", "2"] and env["DS_ACCELERATOR"] == "cpu"
+    argv, _ = launch.build_command(spec(accelerator="cuda", devices=(1, 3), hostfile="hosts.txt"))
+    assert "--include" not in argv and argv[argv.index("--num_gpus") + 1] == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only")
+    assert result.exit_code == 0, result.output
+    assert "DS_ACCELERATOR=cpu" in result.output and "--num_nodes 1 --num_gpus 1 --master_port" in result.output
+
+
+def test_a_selection_too_small_for_the_plan_is_refused(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g")  # the described host's 4 GPUs, 4 ranks
+    assert result.exit_code != 0 and "selects 2 GPU(s), but the plan is for 4 rank(s)" in result.output
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = dry_run(tmp_path, tiny_llama_dir, "1x-a100-40g")
+    assert result.exit_code != 0 and "leaves no GPU visible" in result.output
+
+
+def test_the_runner_is_started_without_cuda_visible_devices_when_include_names_them():
+    import sys
+
+    probe = "import os, sys; sys.exit(3 if 'CUDA_VISIBLE_DEVICES' in os.environ else 0)"
+    base = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1,3"}
+    assert launch.run([sys.executable, "-c", probe, "--include", "localhost:1,3"], {}, base) == 0
+    assert launch.run([sys.executable, "-c", probe, "--num_gpus", "2"], {}, base) == 3  # kept otherwise
+
+
+@pytest.mark.parametrize(("devices", "expected"), [((1, 3), [1, 3]), (None, [0, 1])])
+def test_deepspeeds_runner_puts_the_ranks_on_the_selected_gpus(monkeypatch, devices, expected):
+    """DeepSpeed's own runner main() on our argv, with CUDA_VISIBLE_DEVICES=1,3 on a 4-GPU node (its
+    accelerator and Popen replaced): the world it hands deepspeed.launcher.launch, which writes each rank's
+    CUDA_VISIBLE_DEVICES. With --num_gpus (no selection) it is 0,1 whatever the variable said."""
+    import base64
+    import json as json_module
+    from types import SimpleNamespace
+
+    from deepspeed.launcher import runner
+
+    started = []
+
+    class Popen:
+        def __init__(self, cmd, env):
+            started.append((cmd, env))
+            self.returncode = 0
+
+        def wait(self):
+            return 0
+
+    accelerator = SimpleNamespace(visible_devices_envs=lambda: ["CUDA_VISIBLE_DEVICES"], device_count=lambda: 4)
+    monkeypatch.setattr(runner, "get_accelerator", lambda: accelerator)
+    monkeypatch.setattr(runner.subprocess, "Popen", Popen)
+    monkeypatch.setattr(runner, "fetch_hostfile", lambda _path: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    argv, _ = launch.build_command(spec(accelerator="cuda", devices=devices))
+    runner.main(argv[3:])
+    ((cmd, env),) = started
+    world = next(a for a in cmd if a.startswith("--world_info="))
+    assert json_module.loads(base64.urlsafe_b64decode(world.split("=", 1)[1])) == {"localhost": expected}
+    assert "CUDA_VISIBLE_DEVICES" not in env  # the runner deleted it: launch.py sets it per rank from the world
