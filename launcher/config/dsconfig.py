@@ -60,6 +60,17 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def uses_torch_adam(plan: Plan) -> bool:
+    """Whether the optimizer section asks for torch's fused AdamW (`torch_adam` + `fused`): on a GPU without
+    optimizer offload. There DeepSpeed would otherwise build its FusedAdam op, a CUDAOpBuilder whose JIT
+    build compiles multi_tensor_adam.cu with nvcc matching torch's CUDA (op_builder/fused_adam.py); with
+    `torch_adam` engine.py `get_optimizer_configuration` returns torch.optim.AdamW, and the remaining
+    params (`fused` among them) go to its constructor. torch defaults to foreach, not fused: `fused` is
+    asked for. With optimizer offload DeepSpeed must build DeepSpeedCPUAdam (pure C++, op_builder/cpu), and on
+    the CPU accelerator FusedAdam is the C++ build the CPU-Adam check already covers: both left as they are."""
+    return plan.host.has_gpu and plan.chosen.strategy.offload_optimizer == "none"
+
+
 def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
     """zero_optimization's computed values: the planned buckets, and where each offloaded part lives."""
     strategy, buckets = plan.chosen.strategy, plan.chosen.buckets
@@ -113,7 +124,10 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
         "train_micro_batch_size_per_gpu": workload.micro_batch,
         "gradient_accumulation_steps": workload.grad_accum,
         "gradient_clipping": workload.gradient_clipping,
-        "optimizer": {"params": {"lr": workload.lr, "weight_decay": workload.weight_decay}},
+        "optimizer": {
+            "params": {"lr": workload.lr, "weight_decay": workload.weight_decay}
+            | ({"torch_adam": True, "fused": True} if uses_torch_adam(plan) else {})
+        },
         "scheduler": {
             "params": {
                 "warmup_max_lr": workload.lr,

@@ -34,18 +34,20 @@ SHM_PATH = "/dev/shm"
 
 @dataclass(frozen=True)
 class Problem:
-    check: str  # memlock | shm | ram | async_io | cpu_adam
+    check: str  # memlock | shm | ram | async_io | cpu_adam | cuda_toolkit
     message: str
     exit_code: int = EXIT_BAD_INPUT
     fatal: bool = True  # False: printed as a warning, the run goes on
 
 
-def find_problems(plan: Plan, own_swap_dir: str | None = None) -> list[Problem]:
+def find_problems(plan: Plan, own_swap_dir: str | None = None, config: dict | None = None) -> list[Problem]:
     """Every problem this host has with the plan's chosen strategy (an empty list: go). `own_swap_dir` is this
-    run's folder under --nvme-path: other runs' folders there are reported, this one is reused."""
+    run's folder under --nvme-path: other runs' folders there are reported, this one is reused. `config`: the
+    final ds_config when known (a user's config can turn torch_adam off); else the one the plan renders."""
     if plan.chosen is None or plan.host.source != "live":
         return []
     found = [check(plan) for check in (_ram, _shm, _memlock, _async_io, _cpu_adam)]
+    found.append(_cuda_toolkit(plan, config))
     problems = [problem for problem in found if problem is not None]
     nvme_path = plan.workload.nvme_path or (plan.host.nvme.path if plan.host.nvme else None)
     if nvme_path:
@@ -86,19 +88,52 @@ def _shm(plan: Plan) -> Problem | None:
 
 
 def _memlock(plan: Plan) -> Problem | None:
+    """RLIMIT_MEMLOCK bounds what a process mlock()s. DeepSpeed mlocks the NVMe swap buffers itself
+    (new_cpu_locked_tensor -> ds_page_aligned_alloc: posix_memalign + mlock, then `assert(nullptr !=
+    pinned_buffer)` in csrc/pin_memory), whatever pin_memory says, and with DS_PIN_MEMORY_BACKEND=native every
+    pinned buffer too. torch's own pinning (cudaHostAlloc, the default backend) is locked by the NVIDIA driver
+    and not charged: pin_memory alone needs no limit (planner.pins_host_memory)."""
     host = plan.host
-    if not (plan.pin_memory and plan.chosen.strategy.offloads and host.memlock_bytes is not None):
+    if host.memlock_bytes is None or _can_lock_unlimited():
         return None
-    from launcher.plan.planner import pinned_bytes_per_rank
+    from launcher.plan.planner import locked_swap_bytes_per_rank, pinned_bytes_per_rank
 
-    need = pinned_bytes_per_rank(plan.chosen, plan.ranks_per_node)
-    if host.memlock_bytes >= need:  # the plan turns pinning off itself; this catches a changed limit
+    native = _native_pinning() and plan.pin_memory and plan.chosen.strategy.offloads
+    if native:
+        need = max(pinned_bytes_per_rank(plan.chosen, plan.ranks_per_node), 0)
+        what = "pinned buffers DeepSpeed mlocks per rank (DS_PIN_MEMORY_BACKEND=native)"
+        fix = "or unset DS_PIN_MEMORY_BACKEND to let torch pin"
+    else:
+        need = locked_swap_bytes_per_rank(plan.chosen, plan.ranks_per_node)
+        what = "NVMe swap buffers DeepSpeed mlocks per rank (its aio buffers, whatever pin_memory says)"
+        fix = "or lower the swap buffers (--offload-* cpu, a smaller sub_group_size / buffer_size)"
+    if not need or host.memlock_bytes >= need:
         return None
     return Problem(
         "memlock",
-        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of pinned buffers per "
-        "rank; run `ulimit -l unlimited` (docker: --ulimit memlock=-1) or set pin_memory: false",
+        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of {what}: raise it with "
+        f"`ulimit -l unlimited` (docker: --ulimit memlock=-1; Slurm/systemd: LimitMEMLOCK=infinity), {fix}",
     )
+
+
+def _native_pinning() -> bool:
+    """DeepSpeed's DS_PIN_MEMORY_BACKEND=native pins through its mlock allocator (utils/pin_memory.py)."""
+    return os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() == "native"
+
+
+CAP_IPC_LOCK = 14  # linux/capability.h: mlock past RLIMIT_MEMLOCK (mm/mlock.c can_do_mlock)
+
+
+def _can_lock_unlimited() -> bool:
+    """A process with CAP_IPC_LOCK in its effective set (root outside a container) is not bound by the limit;
+    the ranks inherit this process's capabilities."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _async_io(plan: Plan) -> Problem | None:
@@ -120,6 +155,115 @@ def _cpu_adam(plan: Plan) -> Problem | None:
         "the optimizer is offloaded but DeepSpeed's CPU-Adam op is neither prebuilt nor buildable here: "
         "install a C++ compiler and ninja (apt-get install g++ ninja-build, or pip install ninja)",
     )
+
+
+# DeepSpeed ops that are CUDAOpBuilders: on a CUDA host their JIT build (builder.py jit_load) runs with
+# with_cuda=True and nvcc_args() calls installed_cuda_version(), i.e. CUDA_HOME/bin/nvcc -V: fused_adam
+# compiles multi_tensor_adam.cu; async_io has no .cu file but adds CUDA_HOME/include and links -lcudart.
+# CPUAdamBuilder is the CPU builder on every accelerator (cuda_accelerator.py `_lazy_init_class_dict`).
+CUDA_OP_BUILD_VARS = {"fused_adam": "DS_BUILD_FUSED_ADAM", "async_io": "DS_BUILD_AIO"}
+
+
+def cuda_ops_needed(plan: Plan, config: dict | None = None) -> list[str]:
+    """The CUDA-compiled ops the plan's ds_config makes DeepSpeed load on a GPU host."""
+    if not plan.host.has_gpu:
+        return []
+    strategy = plan.chosen.strategy
+    ops = []
+    if strategy.offload_optimizer == "none" and not _asks_torch_adam(plan, config):
+        ops.append("fused_adam")
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
+        ops.append("async_io")
+    return ops
+
+
+def _asks_torch_adam(plan: Plan, config: dict | None) -> bool:
+    if config is None:
+        from launcher.config.dsconfig import uses_torch_adam
+
+        return uses_torch_adam(plan)
+    optimizer = config.get("optimizer")
+    if not isinstance(optimizer, dict):
+        return True  # no DeepSpeed optimizer: the client's, nothing built here
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return True
+    params = optimizer.get("params")
+    return isinstance(params, dict) and params.get("torch_adam") is True
+
+
+def _cuda_toolkit(plan: Plan, config: dict | None = None) -> Problem | None:
+    ops = [op for op in cuda_ops_needed(plan, config) if not _prebuilt_for_cuda(op)]
+    if not ops:
+        return None
+    missing = cuda_toolkit_missing()
+    if missing is None:
+        return None
+    torch_cuda = _torch_cuda_version() or "of this torch"
+    prebuilt = " ".join(f"{CUDA_OP_BUILD_VARS[op]}=1" for op in ops)
+    return Problem(
+        "cuda_toolkit",
+        f"DeepSpeed must compile its {' and '.join(ops)} op{'s' if len(ops) > 1 else ''} for this GPU plan, "
+        f"but {missing}: install the CUDA toolkit {torch_cuda} (nvcc; e.g. conda install -c nvidia "
+        f"cuda-nvcc={torch_cuda}) and set CUDA_HOME to it, or install DeepSpeed with the op prebuilt "
+        f"({prebuilt} pip install deepspeed)",
+    )
+
+
+def _torch_cuda_version() -> str | None:
+    import torch
+
+    return torch.version.cuda
+
+
+def _cuda_home() -> str | None:
+    """Where torch's extension builder (and so DeepSpeed's) looks for the toolkit: CUDA_HOME / CUDA_PATH, the
+    folder above `nvcc` on PATH, else /usr/local/cuda (torch/utils/cpp_extension.py `_find_cuda_home`)."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return CUDA_HOME
+
+
+def _nvcc_release(cuda_home: str) -> str | None:
+    """`nvcc -V`'s release (e.g. "12.4"), as DeepSpeed's installed_cuda_version reads it; None if it cannot run."""
+    import subprocess
+
+    try:
+        output = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "-V"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        words = output.split()
+        return words[words.index("release") + 1].rstrip(",")
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def cuda_toolkit_missing() -> str | None:
+    """What stops DeepSpeed's JIT build of a CUDA op here (None: nothing): no toolkit, an nvcc that does not
+    run (a runtime-only install), or one whose major version differs from torch's CUDA (torch refuses that
+    combination: cpp_extension `_check_cuda_version`)."""
+    torch_cuda = _torch_cuda_version()
+    if torch_cuda is None:
+        return "this torch is built without CUDA"
+    home = _cuda_home()
+    if home is None:
+        return "no CUDA toolkit was found (CUDA_HOME unset, no nvcc on PATH, no /usr/local/cuda)"
+    release = _nvcc_release(home)
+    if release is None:
+        return f"{home}/bin/nvcc does not run (CUDA_HOME={home} holds no compiler)"
+    if release.split(".")[0] != torch_cuda.split(".")[0]:
+        return f"nvcc at {home} is CUDA {release} and torch is built for CUDA {torch_cuda}"
+    return None
+
+
+def _prebuilt_for_cuda(op: str) -> bool:
+    """Prebuilt into the installed wheel for the CUDA accelerator: OpBuilder.load imports it, no compiler."""
+    if not _prebuilt_ops().get(op, False):
+        return False
+    try:
+        from deepspeed.git_version_info import accelerator_name
+    except ImportError:
+        return False
+    return accelerator_name == "cuda"
 
 
 def stale_swap_problems(nvme_path: str, own_swap_dir: str | None) -> list[Problem]:
@@ -198,13 +342,15 @@ def shm_leftovers(*, remove: bool, warn: Callable[[str], None]) -> list[launch.S
     return buffers
 
 
-def enforce(plan: Plan, own_swap_dir: str | None, *, fatal: bool, warn: Callable[[str], None]) -> None:
+def enforce(
+    plan: Plan, own_swap_dir: str | None, *, fatal: bool, warn: Callable[[str], None], config: dict | None = None
+) -> None:
     """This machine's limits against the plan, before anything is written or started: every non-fatal problem
     (all of them when not `fatal`, as in a dry run) goes to `warn`; then the first fatal one stops the run
     with its exit code. First a real run frees the /dev/shm that killed runs left (`shm_leftovers`)."""
     if fatal or plan.host.source == "live":
         shm_leftovers(remove=fatal, warn=warn)
-    problems = find_problems(plan, own_swap_dir)
+    problems = find_problems(plan, own_swap_dir, config)
     for problem in problems:
         if not (fatal and problem.fatal):
             warn(f"warning: {problem.message}")

@@ -37,7 +37,9 @@ __all__ = [
     "batch_advice",
     "decide_pin_memory",
     "estimate_candidate",
+    "locked_swap_bytes_per_rank",
     "make_plan",
+    "pins_host_memory",
     "pinned_bytes_per_rank",
     "resolve_precision",
     "resolve_ranks",
@@ -190,6 +192,7 @@ def estimate_candidate(
         recompute=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
         compute_params=model.compute_params,
+        pinned=pins_host_memory(strategy, host),
     )
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 
@@ -287,21 +290,42 @@ def batch_advice(
     return advice
 
 
+def pins_host_memory(strategy: Strategy, host: HostProfile) -> bool:
+    """pin_memory for the offloaded buffers: on with a GPU (DeepSpeed's default since 0.19.5), whatever
+    RLIMIT_MEMLOCK says. torch pins through its CUDA caching host allocator (cudaHostAlloc, or
+    cudaHostRegister with pinned_use_cuda_host_register), and the NVIDIA driver locks those pages itself
+    (open-gpu-kernel-modules os-mlock.c `os_lock_user_pages`: get_user_pages, no RLIMIT_MEMLOCK accounting),
+    not through mlock(2), so `ulimit -l` does not bound them. Off on the CPU accelerator: nothing to DMA."""
+    return host.has_gpu or not strategy.offloads
+
+
 def decide_pin_memory(chosen: Candidate, host: HostProfile, ranks: int) -> tuple[bool, list[str]]:
-    """pin_memory stays true (DeepSpeed's default since 0.19.5) unless RLIMIT_MEMLOCK cannot hold the pinned
-    buffers: then pinning fails at run time (FIELD-NOTES), so turn it off and say how to raise the limit."""
-    if not chosen.strategy.offloads:
-        return True, []
-    if not host.has_gpu:
-        return False, []  # the CPU accelerator has nothing to DMA; DeepSpeed's pin there is a no-op
-    need = pinned_bytes_per_rank(chosen, ranks)
-    if host.memlock_bytes is None or host.memlock_bytes >= need:
-        return True, []
-    return False, [
-        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of pinned offload buffers per rank: "
-        "pin_memory set to false (host<->GPU copies will be slower); raise it with `ulimit -l unlimited` "
-        "(or --ulimit memlock=-1 for docker) to pin"
+    """pin_memory for the chosen strategy, and what the host's memlock limit means for it. The limit only
+    bounds what DeepSpeed mlock()s itself: the aio swap buffers of NVMe offload (`locked_swap_bytes_per_rank`),
+    locked whatever pin_memory says; below them the run would die at start-up, so the plan says so."""
+    pin = pins_host_memory(chosen.strategy, host)
+    need = locked_swap_bytes_per_rank(chosen, ranks)
+    if not need or host.memlock_bytes is None or host.memlock_bytes >= need:
+        return pin, []
+    return pin, [
+        f"memlock limit {fmt_bytes(host.memlock_bytes)} < {fmt_bytes(need)} of NVMe swap buffers DeepSpeed "
+        "mlocks per rank: the run would stop at start-up; raise it with `ulimit -l unlimited` "
+        "(docker: --ulimit memlock=-1)"
     ]
+
+
+def locked_swap_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
+    """What RLIMIT_MEMLOCK must hold per process: the buffers DeepSpeed's swappers allocate with the aio
+    handle's new_cpu_locked_tensor (posix_memalign + mlock, csrc/pin_memory/page_alloc.cpp), whatever
+    pin_memory says; 0 without NVMe offload. Of memory.py's optimizer swap term (buffer_count + 1 sub-group
+    buffers) the buffer_count swap buffers are locked (swap_tensor/utils.py SwapBufferManager); the +1
+    gradient buffer is a plain torch.zeros (stage3.py). The parameter swap buffers are locked whole
+    (partitioned_param_swapper.py). Not counted: the fp16 reuse buffer `reserve_partitioned_swap_space`
+    locks when some parameter sub-groups live only on NVMe (stage3.py)."""
+    terms = candidate.memory.cpu_terms
+    count = candidate.buckets.optimizer_buffer_count
+    optimizer = terms.get("optimizer swap buffers (pinned)", 0) * count // (count + 1)
+    return (optimizer + terms.get("param swap buffers (pinned)", 0)) // ranks
 
 
 def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
@@ -341,6 +365,11 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
         f"{world}; {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
         f"{t.offload_overhead_fraction:.0%})"
     )
+    if chosen.strategy.offload_optimizer == "none" and host.has_gpu:
+        reasons.append(
+            "optimizer on the GPU: ds_config sets torch_adam with fused, so DeepSpeed uses torch's fused AdamW "
+            "instead of compiling its FusedAdam op (which needs nvcc matching torch's CUDA)"
+        )
     if chosen.strategy.offload_optimizer != "none":
         reasons.append(
             "optimizer offloaded: ds_config uses AdamW so DeepSpeed builds DeepSpeedCPUAdam; "

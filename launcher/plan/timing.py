@@ -18,6 +18,12 @@ Sources:
   [seeds-O]   "The swap math": overlapped work costs max(t_compute, t_move), serial work the sum.
               DeepSpeed overlaps gradient copies with the backward (overlap_comm); the CPU-Adam step,
               the weight upload after it, parameter fetches and the NVMe swap are charged serially.
+  [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
+              pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
+              Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
+              C/C++", NVIDIA blog 2012, bandwidthTest pinned vs pageable). `offload-launch probe` measures
+              both (rates.py `measure_pcie`); without a measured pageable figure the model assumes half the
+              pinned rate (PAGEABLE_TO_PINNED), an assumption, not a measurement.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 
 from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, Strategy
 
+# [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
+PAGEABLE_TO_PINNED = 0.5
 MFU = 0.5  # achievable fraction of a GPU's peak dense TFLOP/s in training (PaLM reports 46 %, Chowdhery 2022)
 
 
@@ -34,11 +42,19 @@ class Rates:
     """The figures the model runs on, each with where it came from ("measured", "described", "nominal")."""
 
     compute_flops_per_s: float  # useful FLOP/s per rank (peak x MFU on a GPU)
-    pcie_bytes_per_s: float  # host<->device, per direction, per GPU
+    pcie_bytes_per_s: float  # host<->device from pinned memory, per direction, per GPU
     cpu_adam_params_per_s: float  # per node, all cores
     nvme_read_bytes_per_s: float  # per node
     nvme_write_bytes_per_s: float
     sources: dict  # figure name -> "measured" | "described" | "nominal"
+    pcie_pageable_bytes_per_s: float | None = None  # the same from pageable memory, when measured
+
+    def host_device_bytes_per_s(self, pinned: bool) -> float:
+        """The host<->device rate DeepSpeed's offload copies get: pinned, or pageable when pin_memory is off
+        (measured, else PAGEABLE_TO_PINNED x pinned [pageable])."""
+        if pinned:
+            return self.pcie_bytes_per_s
+        return self.pcie_pageable_bytes_per_s or self.pcie_bytes_per_s * PAGEABLE_TO_PINNED
 
 
 @dataclass(frozen=True)
@@ -128,13 +144,18 @@ def estimate_step(
     recompute: bool,
     has_gpu: bool,
     compute_params: int | None = None,
+    pinned: bool = True,
 ) -> StepEstimate:
-    """`params` size the transfers and the optimizer; `compute_params` (default: all of them) the FLOPs."""
+    """`params` size the transfers and the optimizer; `compute_params` (default: all of them) the FLOPs;
+    `pinned`: whether the offloaded host buffers are page-locked (pin_memory), which sets the copy rate."""
     tokens_per_rank = micro_batch * grad_accum * seq_len
     t_compute = compute_seconds(compute_params or params, tokens_per_rank, recompute, rates.compute_flops_per_s)
     overlapped, serial = pcie_bytes(params, strategy, world, grad_accum) if has_gpu else (0, 0)
-    t_pcie_overlapped = overlapped / rates.pcie_bytes_per_s
-    t_pcie_serial = serial / rates.pcie_bytes_per_s
+    if not pinned:  # [pageable] a copy to pageable memory is synchronous: nothing overlaps the backward
+        overlapped, serial = 0, overlapped + serial
+    pcie_rate = rates.host_device_bytes_per_s(pinned)
+    t_pcie_overlapped = overlapped / pcie_rate
+    t_pcie_serial = serial / pcie_rate
     # Without offload the optimizer runs where the weights are: fused on the GPU (negligible next to the
     # passes), or on the CPU accelerator, where it is the same memory-bound CPU loop as CPU-Adam.
     optimizer_on_cpu = strategy.offload_optimizer != "none" or not has_gpu

@@ -53,12 +53,122 @@ def test_ram_available_now_not_only_installed(llama7b_on_a100):
     assert "available now" in ram.message and "stop other jobs" in ram.message
 
 
-def test_memlock_below_the_pinned_buffers(llama7b_on_a100):
-    assert llama7b_on_a100.pin_memory and llama7b_on_a100.chosen.strategy.offloads
+@pytest.fixture
+def bound_by_memlock(monkeypatch):
+    """This process as an unprivileged one: without CAP_IPC_LOCK the limit binds (root here has it)."""
+    monkeypatch.setattr(preflight, "_can_lock_unlimited", lambda: False)
+    monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
+
+
+@pytest.fixture(scope="module")
+def llama70b_nvme_plan():
+    text = "gpus: {count: 1, memory: 80GiB, name: A100}\ncpu_memory: 512GiB\nnvme: {path: /mnt/nvme, free: 2TiB}\n"
+    return _plan_from_text(inspect_model("meta-llama/Llama-2-70b-hf"), text)
+
+
+def _plan_from_text(model, text, **workload):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "host.yaml"
+        path.write_text(text)
+        return make_plan(model, load_host_spec(str(path)), Workload(**workload))
+
+
+def test_memlock_does_not_bound_torch_pinned_cpu_offload(llama7b_on_a100, bound_by_memlock):
+    """cudaHostAlloc'd pages are not charged to RLIMIT_MEMLOCK: CPU offload with pin_memory runs under 64 KiB."""
+    assert llama7b_on_a100.pin_memory and llama7b_on_a100.chosen.strategy.offload_optimizer == "cpu"
+    problems = preflight.find_problems(live(llama7b_on_a100, memlock_bytes=64 * 1024))
+    assert not [p for p in problems if p.check == "memlock"]
+
+
+def test_memlock_below_the_nvme_swap_buffers(llama70b_nvme_plan, bound_by_memlock):
+    plan = live(llama70b_nvme_plan, memlock_bytes=64 * 1024)
+    memlock = next(p for p in preflight.find_problems(plan) if p.check == "memlock")
+    assert memlock.fatal and memlock.message.startswith("memlock limit 64.0 KiB < ")
+    assert "NVMe swap buffers DeepSpeed mlocks per rank" in memlock.message
+    assert "ulimit -l unlimited" in memlock.message and "pin_memory" not in memlock.message.split("(")[0]
+
+
+def test_memlock_is_checked_for_nvme_on_the_cpu_accelerator_too(tiny_llama_dir, tmp_path, bound_by_memlock):
+    """The aio buffers are mlocked whatever pin_memory says: pin_memory is off on the CPU accelerator, the
+    check still runs."""
+    text = f"gpus: {{count: 0}}\ncpu_memory: 64GiB\ncpu_cores: 8\nnvme: {{path: {tmp_path}, free: 100GiB}}\n"
+    plan = _plan_from_text(inspect_model(str(tiny_llama_dir)), text, offload_optimizer="nvme", seq_len=64)
+    assert plan.pin_memory is False and plan.chosen.strategy.offload_optimizer == "nvme"
+    problems = preflight.find_problems(live(plan, memlock_bytes=4096))
+    assert any(p.check == "memlock" and "NVMe swap buffers" in p.message for p in problems)
+
+
+def test_native_pin_backend_is_charged_to_memlock(llama7b_on_a100, bound_by_memlock, monkeypatch):
+    monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
     problems = preflight.find_problems(live(llama7b_on_a100, memlock_bytes=64 * 1024))
     memlock = next(p for p in problems if p.check == "memlock")
-    assert "memlock limit 64.0 KiB" in memlock.message and "ulimit -l unlimited" in memlock.message
-    assert "pin_memory: false" in memlock.message
+    assert "DS_PIN_MEMORY_BACKEND=native" in memlock.message and "ulimit -l unlimited" in memlock.message
+
+
+@pytest.fixture
+def no_cuda_toolkit(monkeypatch):
+    """A pip-only CUDA torch: torch says CUDA 12.4, no toolkit anywhere, no op prebuilt in the wheel."""
+    monkeypatch.setattr(preflight, "_torch_cuda_version", lambda: "12.4")
+    monkeypatch.setattr(preflight, "_cuda_home", lambda: None)
+    monkeypatch.setattr(preflight, "_prebuilt_ops", lambda: {})
+    monkeypatch.setattr(preflight, "aio_usable", lambda: True)
+
+
+def _toolkit_problem(plan, config=None):
+    return next((p for p in preflight.find_problems(plan, config=config) if p.check == "cuda_toolkit"), None)
+
+
+def test_gpu_plan_without_offload_needs_no_cuda_toolkit(no_cuda_toolkit):
+    plan = live(make_plan(inspect_model("meta-llama/Llama-2-7b"), load_host_spec(host_path("8x-a100-80g")), Workload()))
+    assert not plan.chosen.strategy.offloads
+    assert preflight.cuda_ops_needed(plan) == []
+    assert _toolkit_problem(plan) is None
+
+
+def test_config_that_turns_torch_adam_off_needs_nvcc_for_fused_adam(no_cuda_toolkit):
+    from launcher.config import dsconfig
+
+    plan = live(make_plan(inspect_model("meta-llama/Llama-2-7b"), load_host_spec(host_path("8x-a100-80g")), Workload()))
+    config = dsconfig.render(plan)
+    config["optimizer"]["params"].pop("torch_adam")
+    problem = _toolkit_problem(plan, config)
+    assert problem is not None and problem.fatal and problem.exit_code == 2
+    assert problem.message.startswith("DeepSpeed must compile its fused_adam op for this GPU plan, but no CUDA")
+    assert "CUDA toolkit 12.4" in problem.message and "DS_BUILD_FUSED_ADAM=1" in problem.message
+
+
+def test_nvme_on_a_gpu_needs_nvcc_for_async_io(llama70b_nvme_plan, no_cuda_toolkit):
+    problem = _toolkit_problem(live(llama70b_nvme_plan))
+    assert problem is not None and "compile its async_io op" in problem.message
+    assert "CUDA_HOME" in problem.message and "DS_BUILD_AIO=1" in problem.message
+
+
+def test_nvcc_of_another_cuda_major_is_named(llama70b_nvme_plan, no_cuda_toolkit, monkeypatch):
+    monkeypatch.setattr(preflight, "_cuda_home", lambda: "/usr/local/cuda-11.8")
+    monkeypatch.setattr(preflight, "_nvcc_release", lambda home: "11.8")
+    problem = _toolkit_problem(live(llama70b_nvme_plan))
+    assert "nvcc at /usr/local/cuda-11.8 is CUDA 11.8 and torch is built for CUDA 12.4" in problem.message
+    monkeypatch.setattr(preflight, "_nvcc_release", lambda home: "12.6")
+    assert _toolkit_problem(live(llama70b_nvme_plan)) is None
+
+
+def test_a_prebuilt_op_needs_no_toolkit(llama70b_nvme_plan, no_cuda_toolkit, monkeypatch):
+    monkeypatch.setattr(preflight, "_prebuilt_ops", lambda: {"async_io": True})
+    import deepspeed.git_version_info as info
+
+    monkeypatch.setattr(info, "accelerator_name", "cuda")
+    assert _toolkit_problem(live(llama70b_nvme_plan)) is None
+
+
+def test_nvcc_release_is_read_like_deepspeed_reads_it(tmp_path):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    nvcc.chmod(0o755)
+    assert preflight._nvcc_release(str(tmp_path)) == "12.4"
+    assert preflight._nvcc_release(str(tmp_path / "none")) is None
 
 
 def test_shm_too_small_for_cpu_ranks(tiny_llama_dir, small_shm):

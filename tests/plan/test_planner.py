@@ -105,13 +105,38 @@ def test_default_seq_len_is_capped_by_the_model():
     assert plan_for(gpt2, "1x-a100-80g").workload.seq_len == 1024
 
 
-def test_low_memlock_turns_pinning_off_and_says_how_to_fix(llama7b, write_host):
+def test_low_memlock_keeps_pinning_on_for_cpu_offload(llama7b, write_host):
+    """torch pins through cudaHostAlloc, which the NVIDIA driver locks outside RLIMIT_MEMLOCK: a default
+    container's limit must not cost the pinned copies (issue 13, item 3)."""
     text = "gpus: {count: 1, memory: 24GiB}\ncpu_memory: 256GiB\nmemlock: 64KiB\n"
     plan = plan_for(llama7b, text, write_host)
     assert plan.chosen.strategy.offload_optimizer == "cpu"
-    assert plan.pin_memory is False
-    assert any("ulimit -l" in w for w in plan.warnings)
-    assert plan_for(llama7b, "1x-rtx4090-24g").pin_memory is True
+    assert plan.pin_memory is True
+    assert not any("memlock" in w for w in plan.warnings)
+
+
+def test_low_memlock_with_nvme_offload_warns_about_the_locked_swap_buffers(llama70b, write_host):
+    text = (
+        "gpus: {count: 1, memory: 80GiB, name: A100}\ncpu_memory: 512GiB\nmemlock: 64KiB\n"
+        "nvme: {path: /mnt/nvme, free: 2TiB}\n"
+    )
+    plan = plan_for(llama70b, text, write_host)
+    assert plan.chosen.strategy.offload_optimizer == "nvme" and plan.pin_memory is True
+    from launcher.plan.planner import locked_swap_bytes_per_rank
+
+    need = locked_swap_bytes_per_rank(plan.chosen, plan.ranks_per_node)
+    buckets, shape = plan.chosen.buckets, plan.chosen.memory.cpu_terms
+    # buffer_count fp32 sub-group buffers are mlocked; memory.py's extra gradient buffer is not
+    count = buckets.optimizer_buffer_count
+    assert need == shape["optimizer swap buffers (pinned)"] * count // (count + 1) > 0
+    warning = next(w for w in plan.warnings if "memlock" in w)
+    assert "NVMe swap buffers DeepSpeed mlocks per rank" in warning and "ulimit -l unlimited" in warning
+
+
+def test_a_gpu_plan_without_optimizer_offload_says_it_needs_no_cuda_toolkit(llama7b):
+    plan = plan_for(llama7b, "8x-a100-80g")
+    assert not plan.chosen.strategy.offloads
+    assert any("torch_adam" in r and "fused AdamW" in r for r in plan.reasons)
 
 
 def test_cpu_only_host_plans_for_the_cpu_accelerator(tiny_llama_dir):

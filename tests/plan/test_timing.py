@@ -166,3 +166,40 @@ def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
     assert two.pcie_bytes_per_step == one.pcie_bytes_per_step == 4 * SEVEN_B
     assert two.cpu_adam_seconds_per_step == one.cpu_adam_seconds_per_step
     assert two.offload_overhead_fraction < one.offload_overhead_fraction
+
+
+def _offload_step(rates: timing.Rates, pinned: bool) -> timing.StepEstimate:
+    return timing.estimate_step(
+        SEVEN_B,
+        ZERO_OFFLOAD,
+        rates,
+        world=1,
+        ranks_per_node=1,
+        micro_batch=1,
+        grad_accum=1,
+        seq_len=1024,
+        recompute=False,
+        has_gpu=True,
+        pinned=pinned,
+    )
+
+
+def test_pageable_copies_use_the_pageable_rate_and_do_not_overlap():
+    """pin_memory off: the copies run at the pageable rate (PAGEABLE_TO_PINNED x pinned when not measured)
+    and synchronously, so the gradient copies no longer hide behind the backward (issue 13, item 3)."""
+    pinned = _offload_step(SEEDS_RATES, pinned=True)
+    pageable = _offload_step(SEEDS_RATES, pinned=False)
+    assert pageable.pcie_bytes_per_step == pinned.pcie_bytes_per_step == 4 * SEVEN_B
+    expected = 4 * SEVEN_B / (32e9 * timing.PAGEABLE_TO_PINNED)
+    assert pageable.pcie_seconds_per_step == pytest.approx(expected)
+    serial = pageable.compute_seconds_per_step + expected + pageable.cpu_adam_seconds_per_step
+    assert pageable.step_seconds == pytest.approx(serial)
+    assert pageable.step_seconds > pinned.step_seconds
+
+
+def test_a_measured_pageable_rate_wins_over_the_ratio():
+    from dataclasses import replace
+
+    rates = replace(SEEDS_RATES, pcie_pageable_bytes_per_s=20e9)
+    assert rates.host_device_bytes_per_s(False) == 20e9 and rates.host_device_bytes_per_s(True) == 32e9
+    assert _offload_step(rates, pinned=False).pcie_seconds_per_step == pytest.approx(4 * SEVEN_B / 20e9)
