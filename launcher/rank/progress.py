@@ -45,10 +45,65 @@ def read_losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
 
 
+# ------------------------------------------------------------------------------------------- GPU memory
+
+# What the plan predicts per GPU (launcher/plan/memory.py: model states, activations, buffers and the CUDA
+# context) is what a process holds on its device: the caching allocator's reservation plus what lies outside
+# it (CUDA context, NCCL buffers, cuBLAS handles). Per step, max over ranks: metrics.jsonl and run.json.
+GPU_BYTES = "gpu_bytes_per_device"  # peak reserved + outside the allocator: the figure the plan predicts
+GPU_RESERVED = "gpu_reserved_bytes_per_device"  # peak the caching allocator reserved (torch max_memory_reserved)
+GPU_ALLOCATED = "gpu_allocated_bytes_per_device"  # peak tensors took (torch max_memory_allocated)
+GPU_FIGURES = (GPU_BYTES, GPU_RESERVED, GPU_ALLOCATED)
+GPU_SOURCE = "gpu_memory_source"  # how the bytes outside the allocator were read (run.json only)
+# The ways to read what this process holds on its device, best first; a run reports the worst any rank used.
+# "nvml-process": NVML's figure for this process on this device (exact). "device-used": total - free of the
+# device (cudaMemGetInfo), which also counts any other process on the same GPU.
+GPU_SOURCES = ("nvml-process", "device-used")
+
+
+def gpu_step_figures(peak_reserved: int, peak_allocated: int, process_used: int, reserved_now: int) -> dict:
+    """One rank's GPU memory over one step. `process_used` (what the process holds on the device) and
+    `reserved_now` are read together after the step; their difference is what lies outside the caching
+    allocator (context, NCCL, cuBLAS), which the peak reservation does not include."""
+    outside = max(0, process_used - reserved_now)
+    return {GPU_BYTES: peak_reserved + outside, GPU_RESERVED: peak_reserved, GPU_ALLOCATED: peak_allocated}
+
+
+def gpu_figures_vector(figures: dict, source: str) -> list[float]:
+    """A rank's figures as the numbers one all-reduce MAX gathers (the source as its index in GPU_SOURCES)."""
+    return [float(figures[key]) for key in GPU_FIGURES] + [float(GPU_SOURCES.index(source))]
+
+
+def gpu_figures_from_vector(values: list[float]) -> tuple[dict, str]:
+    """The inverse of gpu_figures_vector, after the MAX: the largest rank's figures and the worst source."""
+    figures = {key: int(value) for key, value in zip(GPU_FIGURES, values, strict=False)}
+    return figures, GPU_SOURCES[int(values[len(GPU_FIGURES)])]
+
+
+class GpuPeaks:
+    """The largest per-step figures so far (each one on its own), and the worst source: run.json's GPU part."""
+
+    def __init__(self):
+        self.figures: dict[str, int] = {}
+        self.source: str | None = None
+
+    def add(self, figures: dict, source: str) -> None:
+        for key, value in figures.items():
+            self.figures[key] = max(value, self.figures.get(key, value))
+        if self.source is None or GPU_SOURCES.index(source) > GPU_SOURCES.index(self.source):
+            self.source = source
+
+    def measured(self) -> dict | None:
+        """run.json's GPU figures; None before a step on a GPU (and always on the CPU accelerator)."""
+        if not self.figures:
+            return None
+        return {**self.figures, GPU_SOURCE: self.source}
+
+
 def step_record(
-    step: int, loss: float, lr: float, tokens: int, seconds: float, skipped_steps: int, gpu_peak: int | None
+    step: int, loss: float, lr: float, tokens: int, seconds: float, skipped_steps: int, gpu: dict | None
 ) -> dict:
-    """One line of metrics.jsonl."""
+    """One line of metrics.jsonl; `gpu` (GPU_FIGURES of this step, max over ranks) with a GPU."""
     record = {
         "step": step,
         "loss": loss,
@@ -59,8 +114,8 @@ def step_record(
         "cpu_peak_rss_bytes": peak_rss_bytes(),
         "skipped_steps": skipped_steps,  # fp16 overflows (DeepSpeed skips the update)
     }
-    if gpu_peak is not None:
-        record["gpu_peak_bytes"] = gpu_peak
+    if gpu is not None:
+        record.update({key: gpu[key] for key in GPU_FIGURES})
     return record
 
 
@@ -94,9 +149,10 @@ def measured_figures(
     tokens_per_step: int,
     cpu_bytes_per_node: int,
     nvme_bytes_per_node: int,
-    gpu_bytes_per_device: int | None,
+    gpu: dict | None,
 ) -> dict:
-    """run.json's "measured": the figures the plan predicted, as this run measured them."""
+    """run.json's "measured": the figures the plan predicted, as this run measured them; `gpu`
+    (GpuPeaks.measured: the largest step's figures over ranks, and their source) with a GPU."""
     median = median_step_seconds(step_seconds)
     measured = {
         "step_seconds": median,  # median after the warm-up step
@@ -104,8 +160,8 @@ def measured_figures(
         "cpu_bytes_per_node": cpu_bytes_per_node,  # peak RSS of this node's ranks, summed
         "nvme_bytes_per_node": nvme_bytes_per_node,  # swap files at the end of training
     }
-    if gpu_bytes_per_device is not None:
-        measured["gpu_bytes_per_device"] = gpu_bytes_per_device  # what the allocator held
+    if gpu is not None:
+        measured.update(gpu)  # GPU_FIGURES (the largest step, max over ranks) and GPU_SOURCE
     return measured
 
 

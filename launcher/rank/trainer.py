@@ -25,8 +25,13 @@ from launcher.job.spec import RunSpec
 from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
 from launcher.rank.export import export_final
 from launcher.rank.progress import (
+    GPU_SOURCES,
+    GpuPeaks,
     Metrics,
     Progress,
+    gpu_figures_from_vector,
+    gpu_figures_vector,
+    gpu_step_figures,
     measured_figures,
     node_count,
     peak_rss_bytes,
@@ -70,6 +75,9 @@ class Trainer:
         self.micro_batch = int(self.ds_config["train_micro_batch_size_per_gpu"])
         self.tokens_per_step = self.micro_batch * self.grad_accum * self.world * spec.seq_len
         self.checkpoints = CheckpointStore(self.engine, spec, self.rank, self.zero, self.log)
+        self.gpu_memory = GpuMemory(torch, self.engine.device) if on_cuda(torch, self.engine.device) else None
+        self.gpu_peaks = GpuPeaks()
+        self.gpu_step: dict | None = None  # the last step's GPU figures, max over ranks
         start_schedule_at_step_one(self.engine.lr_scheduler)
         if spec.nvme_swap_dir and self.local_rank == 0:  # says whose swap files these are (preflight reads it)
             Path(spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)
@@ -156,6 +164,8 @@ class Trainer:
         gives each one's token ids); the loss averaged over micro-batches and ranks. Collective. `step` names it
         for the kill-point drill (KILL_AT_ENV=step:N fires after its first backward); None for an extra step."""
         torch = self.torch
+        if self.gpu_memory is not None:
+            self.gpu_memory.start_step()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.engine.device)
         for micro in range(self.grad_accum):
             ids = batch(micro)
@@ -166,7 +176,17 @@ class Trainer:
             self.engine.step()
             loss_sum += loss.detach().float()
         self.dist.all_reduce(loss_sum)
+        if self.gpu_memory is not None:
+            self.gpu_step = self._gather_gpu_step(*self.gpu_memory.end_step())
         return loss_sum.item() / (self.grad_accum * self.world)
+
+    def _gather_gpu_step(self, figures: dict, source: str) -> dict:
+        """This step's GPU figures, the largest rank's (each figure on its own), added to the run's peaks.
+        Collective: every rank measured its own device."""
+        values = max_over_ranks(self.dist, gpu_figures_vector(figures, source), self.engine.device)
+        figures, source = gpu_figures_from_vector(values)
+        self.gpu_peaks.add(figures, source)
+        return figures
 
     # --------------------------------------------------------------------------------- loop
 
@@ -196,7 +216,7 @@ class Trainer:
             loss = self.train_step(self.batches(order, step), step)
             seconds = time.perf_counter() - t0
             skipped = int(self.engine.skipped_steps)
-            metrics.add(step_record(step, loss, lr, self.tokens_per_step, seconds, skipped, self._gpu_peak()))
+            metrics.add(step_record(step, loss, lr, self.tokens_per_step, seconds, skipped, self.gpu_step))
             progress.update(loss, self.tokens_per_step / seconds)
             if not math.isfinite(loss):
                 progress.close()
@@ -209,7 +229,7 @@ class Trainer:
         """run.json's contents (progress.run_summary). Collective: it gathers every rank's peak RSS."""
         peak, cpu_per_node = self.cpu_peaks()
         measured = measured_figures(
-            metrics.step_seconds, self.tokens_per_step, cpu_per_node, nvme_bytes, self.gpu_reserved_bytes()
+            metrics.step_seconds, self.tokens_per_step, cpu_per_node, nvme_bytes, self.gpu_peaks.measured()
         )
         stage, optimizer_at, param_at = self.planned_placement()
         setup = {
@@ -231,13 +251,14 @@ class Trainer:
             self.zero.get("offload_param", {}).get("device", "none"),
         )
 
-    def _gpu_peak(self) -> int | None:
-        """The largest amount of GPU memory tensors took so far; None without a GPU."""
-        return self.torch.cuda.max_memory_allocated() if self.torch.cuda.is_available() else None
+    def gpu_bytes_per_device(self) -> int | None:
+        """The plan's GPU figure as measured: the largest step's peak (reserved + outside the allocator), max
+        over ranks, over the steps so far; None on the CPU accelerator or before a step. Not collective (each
+        step gathered its figures already), so every rank has the same answer."""
+        measured = self.gpu_peaks.measured()
+        return measured["gpu_bytes_per_device"] if measured else None
 
-    def gpu_reserved_bytes(self) -> int | None:
-        """What the caching allocator held at most; None without a GPU."""
-        return self.torch.cuda.max_memory_reserved() if self.torch.cuda.is_available() else None
+    gpu_reserved_bytes = gpu_bytes_per_device  # the name smoke_checks.memory_check calls
 
     def cpu_peaks(self) -> tuple[int, int]:
         """(the largest rank's peak RSS, the peak RSS of a node's ranks summed). Collective. The tensors live
@@ -260,6 +281,94 @@ class Trainer:
         """Destroy the process group so a clean run ends without abort messages."""
         with contextlib.suppress(Exception):
             self.dist.destroy_process_group()
+
+
+def on_cuda(torch, device) -> bool:
+    """Whether the engine runs on a CUDA device (not DeepSpeed's CPU accelerator, even on a GPU host)."""
+    return torch.device(device).type == "cuda"
+
+
+def max_over_ranks(dist, values: list[float], device) -> list[float]:
+    """Each value's largest over all ranks: one all-reduce MAX of a float64 tensor (exact for byte counts
+    below 2**53) on the engine's device, since NCCL reduces no CPU tensors. Collective."""
+    import torch
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+class GpuMemory:
+    """This rank's GPU memory over one step: the caching allocator's peak (its statistics are reset when the
+    step starts) plus what the process holds outside the allocator (CUDA context, NCCL buffers, cuBLAS),
+    which is what the plan predicts per device.
+
+    What the process holds comes from NVML's per-process figure for this device when NVML can tell which
+    process is this one: its own pid, or the only process on the device (a container's pid namespace hides
+    the host pids NVML reports, but the only process holding memory on our device is this one). Otherwise
+    it is the device's total - free (cudaMemGetInfo), which also counts other processes on the same GPU; the
+    source says which (GPU_SOURCES), and run.json reports the worst over ranks and steps."""
+
+    def __init__(self, torch, device, nvml=None):
+        self.torch, self.device = torch, torch.device(device)
+        self.pid = os.getpid()
+        self.nvml, self.handle = nvml_handle(torch, self.device) if nvml is None else nvml
+
+    def start_step(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end_step(self) -> tuple[dict, str]:
+        """(gpu_step_figures of the step that just ended, the source of the process's bytes)."""
+        cuda = self.torch.cuda
+        cuda.synchronize(self.device)
+        reserved_now = cuda.memory_reserved(self.device)
+        used, source = self.process_used()
+        figures = gpu_step_figures(
+            cuda.max_memory_reserved(self.device), cuda.max_memory_allocated(self.device), used, reserved_now
+        )
+        return figures, source
+
+    def process_used(self) -> tuple[int, str]:
+        """(bytes this process holds on its device, GPU_SOURCES entry)."""
+        used = nvml_process_bytes(self.nvml, self.handle, self.pid)
+        if used is not None:
+            return used, GPU_SOURCES[0]
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        return total - free, GPU_SOURCES[1]
+
+
+def nvml_handle(torch, device) -> tuple[object, object]:
+    """(pynvml, the NVML handle of `device`) matched by UUID (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+    renumber devices, NVML does not); (None, None) without NVML or a match (a MIG slice, for one)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetUUID(handle)
+            if (name.decode() if isinstance(name, bytes) else str(name)).endswith(uuid):
+                return pynvml, handle
+    except Exception:  # noqa: BLE001 - no NVML (or no UUID): fall back to the device's total - free
+        pass
+    return None, None
+
+
+def nvml_process_bytes(nvml, handle, pid: int) -> int | None:
+    """What NVML says process `pid` holds on the device (context included); also the only process listed,
+    which must be this one when this one holds memory there. None when NVML cannot tell."""
+    if nvml is None or handle is None:
+        return None
+    try:
+        processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except Exception:  # noqa: BLE001 - NVML errors are a reason to fall back, not to stop training
+        return None
+    mine = [p for p in processes if p.pid == pid] or (processes if len(processes) == 1 else [])
+    used = [p.usedGpuMemory for p in mine]
+    if not used or any(not isinstance(u, int) or u <= 0 or u >= 2**63 for u in used):
+        return None  # NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver hides per-process figures
+    return sum(used)
 
 
 def start_schedule_at_step_one(scheduler) -> None:

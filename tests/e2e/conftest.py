@@ -1,13 +1,20 @@
 """End-to-end fixtures: a tiny Llama and its tokenizer made here, trained for real by DeepSpeed on the CPU
 accelerator. Compiled ops (cpu_adam, async_io, shm_comm) are cached in ~/.cache/torch_extensions and shared
-by every test: only the first launch on a fresh machine compiles them."""
+by every test: only the first launch on a fresh machine compiles them.
+
+The CPU accelerator is pinned for every e2e test, also on a GPU machine (`cpu_accelerator`, autouse): the
+planner must plan the CPU host and DeepSpeed must run on it, or the tests fail for the wrong reason. The GPU
+tests (tests/gpu) launch with `gpu=True` instead."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -63,6 +70,50 @@ def tiny_data(tmp_path_factory) -> Path:
     return path
 
 
+# DeepSpeed's accelerator and torch's view of the GPUs (none). The planner reads GPUs through NVML
+# (launcher/inspection/host.py), which ignores both, so `cpu_environ` also hides NVML from the launched
+# process: a pynvml that cannot be imported is what a host without an NVIDIA driver looks like to it.
+CPU_PINS = {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+NO_NVML_STUB = 'raise ImportError("NVML hidden by tests/e2e: this launch plans the CPU host")\n'
+
+
+@functools.cache
+def no_nvml_dir() -> str:
+    """A folder whose pynvml cannot be imported, first on the launched process's PYTHONPATH."""
+    folder = Path(tempfile.mkdtemp(prefix="offload-launch-no-nvml-"))
+    (folder / "pynvml.py").write_text(NO_NVML_STUB)
+    return str(folder)
+
+
+def _python_path(environ: Mapping[str, str], *, nvml: bool) -> str:
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != no_nvml_dir()]
+    return os.pathsep.join(parts if nvml else [no_nvml_dir(), *parts])
+
+
+def cpu_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a launch on DeepSpeed's CPU accelerator, planned for the CPU host, on any machine."""
+    return dict(environ, **CPU_PINS, PYTHONPATH=_python_path(environ, nvml=False))
+
+
+def gpu_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a launch on the GPUs: without the pins above, and without tests/conftest.py's default
+    DS_ACCELERATOR=cpu (DeepSpeed picks CUDA itself); a CUDA_VISIBLE_DEVICES the user chose stays."""
+    env = {k: v for k, v in environ.items() if k != "DS_ACCELERATOR"}
+    if env.get("CUDA_VISIBLE_DEVICES") == "":
+        del env["CUDA_VISIBLE_DEVICES"]
+    env["PYTHONPATH"] = _python_path(environ, nvml=True)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def cpu_accelerator(monkeypatch):
+    """Every e2e test's processes (launched through `launch` or straight from os.environ) run on the CPU
+    accelerator, planned for the CPU host."""
+    for key, value in cpu_environ(os.environ).items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+
+
 TRAIN_ARGS = ("--seq-len", "64", "--micro-batch", "4", "--lr", "5e-3", "--warmup-steps", "2")
 
 
@@ -82,21 +133,27 @@ def launch_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def launch(model: Path, data: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """One `offload-launch` training command, whatever its exit status."""
+def launch(
+    model: Path, data: Path, out: Path, *extra: str, env: dict | None = None, gpu: bool = False
+) -> subprocess.CompletedProcess:
+    """One `offload-launch` training command, whatever its exit status: on the CPU accelerator, planned for
+    the CPU host, unless `gpu` (then on the GPUs, as a user would run it)."""
+    base = gpu_environ(os.environ) if gpu else cpu_environ(os.environ)
     return subprocess.run(
         launch_args(model, data, out, *extra),
         capture_output=True,
         text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1", **(env or {})),
+        env=dict(base, HF_HUB_OFFLINE="1", **(env or {})),
         timeout=LAUNCH_TIMEOUT_SECONDS,
         cwd=REPO,
     )
 
 
-def run_launch(model: Path, data: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_launch(
+    model: Path, data: Path, out: Path, *extra: str, env: dict | None = None, gpu: bool = False
+) -> subprocess.CompletedProcess:
     """One `offload-launch` training command that must succeed."""
-    proc = launch(model, data, out, *extra, env=env)
+    proc = launch(model, data, out, *extra, env=env, gpu=gpu)
     if proc.returncode != 0:
         raise AssertionError(f"offload-launch exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -8,8 +8,14 @@ import pytest
 
 from launcher.job.spec import WARMUP_STEPS_EXCLUDED, RunSpec
 from launcher.rank.progress import (
+    GPU_FIGURES,
+    GPU_SOURCES,
+    GpuPeaks,
     Metrics,
     Progress,
+    gpu_figures_from_vector,
+    gpu_figures_vector,
+    gpu_step_figures,
     measured_figures,
     median_step_seconds,
     node_count,
@@ -28,13 +34,14 @@ def test_the_warm_up_step_is_left_out_of_the_median():
 
 
 def test_measured_figures():
-    measured = measured_figures(
-        [9.0, 2.0, 2.0], 1024, cpu_bytes_per_node=5, nvme_bytes_per_node=0, gpu_bytes_per_device=None
-    )
+    measured = measured_figures([9.0, 2.0, 2.0], 1024, cpu_bytes_per_node=5, nvme_bytes_per_node=0, gpu=None)
     assert measured == {"step_seconds": 2.0, "tokens_per_s": 512.0, "cpu_bytes_per_node": 5, "nvme_bytes_per_node": 0}
-    with_gpu = measured_figures([], 1024, 5, 0, gpu_bytes_per_device=7)
+    gpu = {"gpu_bytes_per_device": 7, "gpu_reserved_bytes_per_device": 5, "gpu_allocated_bytes_per_device": 4}
+    with_gpu = measured_figures([], 1024, 5, 0, gpu={**gpu, "gpu_memory_source": "nvml-process"})
     assert with_gpu["step_seconds"] is None and with_gpu["tokens_per_s"] is None
-    assert with_gpu["gpu_bytes_per_device"] == 7
+    assert with_gpu["gpu_bytes_per_device"] == 7 and with_gpu["gpu_reserved_bytes_per_device"] == 5
+    assert with_gpu["gpu_allocated_bytes_per_device"] == 4 and with_gpu["gpu_memory_source"] == "nvml-process"
+    assert ratios(with_gpu, {"gpu_bytes_per_device": 14}) == {"gpu_bytes_per_device": 0.5}
 
 
 def test_ratios_cover_what_both_sides_have():
@@ -83,10 +90,57 @@ def test_run_summary_layout_and_values(tmp_path):
 
 
 def test_step_record():
-    record = step_record(3, 2.5, 1e-3, tokens=512, seconds=2.0, skipped_steps=1, gpu_peak=None)
+    record = step_record(3, 2.5, 1e-3, tokens=512, seconds=2.0, skipped_steps=1, gpu=None)
     assert record["tokens_per_s"] == 256.0 and record["step_seconds"] == 2.0 and record["skipped_steps"] == 1
-    assert record["cpu_peak_rss_bytes"] > 0 and "gpu_peak_bytes" not in record
-    assert step_record(3, 2.5, 1e-3, 512, 2.0, 0, gpu_peak=10)["gpu_peak_bytes"] == 10
+    assert record["cpu_peak_rss_bytes"] > 0 and not set(GPU_FIGURES) & set(record)
+    gpu = gpu_step_figures(peak_reserved=10, peak_allocated=8, process_used=15, reserved_now=9)
+    with_gpu = step_record(3, 2.5, 1e-3, 512, 2.0, 0, gpu=gpu)
+    assert {k: with_gpu[k] for k in GPU_FIGURES} == {
+        "gpu_bytes_per_device": 16,
+        "gpu_reserved_bytes_per_device": 10,
+        "gpu_allocated_bytes_per_device": 8,
+    }
+
+
+GIB = 2**30
+
+
+def test_gpu_bytes_are_the_peak_reservation_plus_what_lies_outside_the_allocator():
+    # the step peaked at 20 GiB reserved; now the process holds 11.5 GiB of which the allocator has 10.5:
+    # 1 GiB of context, NCCL and cuBLAS lies outside it, at every moment of the step
+    figures = gpu_step_figures(20 * GIB, 18 * GIB, process_used=23 * GIB // 2, reserved_now=21 * GIB // 2)
+    assert figures == {
+        "gpu_bytes_per_device": 21 * GIB,
+        "gpu_reserved_bytes_per_device": 20 * GIB,
+        "gpu_allocated_bytes_per_device": 18 * GIB,
+    }
+    # a process figure below the reservation (read a moment apart) adds nothing rather than subtracting
+    assert gpu_step_figures(5, 4, process_used=3, reserved_now=5)["gpu_bytes_per_device"] == 5
+
+
+def test_gpu_figures_travel_as_one_vector_and_the_worst_source_wins():
+    figures = gpu_step_figures(20 * GIB, 18 * GIB, 23 * GIB, 20 * GIB)
+    for source in GPU_SOURCES:
+        vector = gpu_figures_vector(figures, source)
+        assert all(isinstance(v, float) for v in vector)
+        assert gpu_figures_from_vector(vector) == (figures, source)
+    # byte counts survive float64 exactly (the all-reduce runs in float64)
+    big = gpu_step_figures(2**50 + 1, 2**50 - 1, 2**50 + 1, 2**50 + 1)
+    assert gpu_figures_from_vector(gpu_figures_vector(big, GPU_SOURCES[0]))[0] == big
+
+
+def test_gpu_peaks_keep_each_figures_largest_step():
+    peaks = GpuPeaks()
+    assert peaks.measured() is None  # the CPU accelerator, or no step yet: run.json has no GPU figures
+    peaks.add(gpu_step_figures(10, 9, 12, 10), "nvml-process")
+    peaks.add(gpu_step_figures(8, 8, 14, 8), "device-used")  # less reserved, more outside the allocator
+    peaks.add(gpu_step_figures(9, 9, 9, 9), "nvml-process")
+    assert peaks.measured() == {
+        "gpu_bytes_per_device": 14,
+        "gpu_reserved_bytes_per_device": 10,
+        "gpu_allocated_bytes_per_device": 9,
+        "gpu_memory_source": "device-used",
+    }
 
 
 def test_metrics_continue_a_resumed_file_on_rank_0_only(tmp_path):

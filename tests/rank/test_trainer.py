@@ -1,9 +1,13 @@
 """The one training step the loop and the smoke checks share, on a stand-in engine: micro-batches, the
-averaged loss, and where the kill-point drill fires."""
+averaged loss, where the kill-point drill fires, and the GPU memory each step measures and gathers (the
+gathering over a real gloo process group; the CUDA and NVML readings through stand-ins)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +17,8 @@ import torch
 from launcher.data.sampling import BlockOrder
 from launcher.rank import checkpoints
 from launcher.rank.checkpoints import KILL_AT_ENV
-from launcher.rank.trainer import Trainer, has_weights
+from launcher.rank.progress import GpuPeaks, gpu_step_figures
+from launcher.rank.trainer import GpuMemory, Trainer, has_weights, max_over_ranks, nvml_process_bytes, on_cuda
 
 
 class FakeEngine:
@@ -42,6 +47,7 @@ def trainer(grad_accum=2, world=2, rank=0, blocks=None) -> Trainer:
     # all_reduce sums over ranks: every rank here had the same loss
     t.dist = SimpleNamespace(all_reduce=lambda tensor: tensor.mul_(world))
     t.blocks = blocks if blocks is not None else np.arange(40).reshape(20, 2)
+    t.gpu_memory, t.gpu_peaks, t.gpu_step = None, GpuPeaks(), None  # the CPU accelerator
     return t
 
 
@@ -97,3 +103,159 @@ def test_has_weights(tmp_path):
     assert not has_weights(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert has_weights(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------------------- GPU memory
+
+GIB = 2**30
+
+
+def test_the_cpu_accelerator_measures_no_gpu_memory():
+    t = trainer(grad_accum=1, world=1)
+    t.train_step(lambda micro: torch.tensor([[1]]), step=1)
+    assert t.gpu_step is None and t.gpu_bytes_per_device() is None and t.gpu_peaks.measured() is None
+    assert not on_cuda(torch, "cpu") and not on_cuda(torch, torch.device("cpu"))
+    assert on_cuda(torch, torch.device("cuda", 1)) and on_cuda(torch, "cuda:0")
+
+
+def spawn(tmp_path, function, world=2):
+    """Run `function(rank, world, init_file, tmp_path)` in `world` processes joined by a gloo group."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(function, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def join_gloo(rank, world, store):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    return dist
+
+
+class FakeGpuMemory:
+    """One rank's readings: its own figures, as GpuMemory.end_step returns them."""
+
+    def __init__(self, figures: dict, source: str):
+        self.figures, self.source, self.started = figures, source, 0
+
+    def start_step(self):
+        self.started += 1
+
+    def end_step(self):
+        return self.figures, self.source
+
+
+RANK_FIGURES = [
+    # rank 0 reserved more at its peak, rank 1 holds more outside the allocator and read total - free
+    (gpu_step_figures(20 * GIB, 18 * GIB, 21 * GIB, 20 * GIB), "nvml-process"),
+    (gpu_step_figures(19 * GIB, 18 * GIB + 5, 22 * GIB, 19 * GIB), "device-used"),
+]
+
+
+def train_step_worker(rank, world, store, folder):
+    import torch.distributed as dist
+
+    join_gloo(rank, world, store)
+    gathered = max_over_ranks(dist, [float(10 * rank + 1), float(2**50 - rank), float(5 - rank)], "cpu")
+    t = trainer(grad_accum=2, world=world, rank=rank)
+    t.dist = dist  # the real all-reduces: the loss's sum and the GPU figures' MAX
+    t.gpu_memory = FakeGpuMemory(*RANK_FIGURES[rank])
+    loss = t.train_step(lambda micro: torch.tensor([[10 * (rank + 1)]]), step=1)
+    result = {"loss": loss, "step": t.gpu_step, "run": t.gpu_peaks.measured(), "started": t.gpu_memory.started}
+    result["gpu_bytes_per_device"], result["gathered"] = t.gpu_bytes_per_device(), gathered
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_every_rank_measures_its_step_and_all_get_the_largest_over_a_real_gloo_group(tmp_path):
+    results = spawn(tmp_path, train_step_worker)  # one group for both checks: each spawn imports torch again
+    assert results[0] == results[1]  # every rank has the same figures for metrics.jsonl and run.json
+    got = results[0]
+    assert got["gathered"] == [11.0, 2.0**50, 5.0]  # max_over_ranks: each value's largest, exact in float64
+    assert got["loss"] == pytest.approx(15.0) and got["started"] == 1
+    assert got["step"] == {
+        "gpu_bytes_per_device": 22 * GIB,  # rank 1: 19 GiB reserved + 3 GiB outside the allocator
+        "gpu_reserved_bytes_per_device": 20 * GIB,  # rank 0
+        "gpu_allocated_bytes_per_device": 18 * GIB + 5,  # rank 1
+    }
+    assert got["run"] == {**got["step"], "gpu_memory_source": "device-used"}
+    assert got["gpu_bytes_per_device"] == 22 * GIB
+
+
+class FakeCuda:
+    """torch.cuda as GpuMemory reads it: peaks since the last reset, the current reservation, total/free."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.peak_reserved, self.peak_allocated, self.reserved = 12 * GIB, 10 * GIB, 11 * GIB
+        self.free, self.total = 60 * GIB, 80 * GIB
+
+    def reset_peak_memory_stats(self, device):
+        self.calls.append(f"reset {device}")
+
+    def synchronize(self, device):
+        self.calls.append("synchronize")
+
+    def memory_reserved(self, device):
+        return self.reserved
+
+    def max_memory_reserved(self, device):
+        return self.peak_reserved
+
+    def max_memory_allocated(self, device):
+        return self.peak_allocated
+
+    def mem_get_info(self, device):
+        return self.free, self.total
+
+
+class FakeNvml:
+    def __init__(self, processes):
+        self.processes = processes
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):  # noqa: N802 - pynvml's name
+        if isinstance(self.processes, Exception):
+            raise self.processes
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes]
+
+
+def gpu_memory(processes) -> tuple[GpuMemory, FakeCuda]:
+    cuda = FakeCuda()
+    fake_torch = SimpleNamespace(cuda=cuda, device=torch.device)
+    nvml = (FakeNvml(processes), "handle") if processes is not None else (None, None)
+    return GpuMemory(fake_torch, torch.device("cuda", 1), nvml=nvml), cuda
+
+
+def test_gpu_memory_resets_the_peak_each_step_and_adds_what_nvml_says_lies_outside_the_allocator():
+    memory, cuda = gpu_memory([(os.getpid() + 1, 3 * GIB), (os.getpid(), 12 * GIB + GIB // 2)])
+    memory.start_step()
+    figures, source = memory.end_step()
+    assert cuda.calls == ["reset cuda:1", "synchronize"]
+    # this process holds 12.5 GiB, the allocator 11 GiB of it: 1.5 GiB outside, on top of the 12 GiB peak
+    assert source == "nvml-process"
+    assert figures == {
+        "gpu_bytes_per_device": 13 * GIB + GIB // 2,
+        "gpu_reserved_bytes_per_device": 12 * GIB,
+        "gpu_allocated_bytes_per_device": 10 * GIB,
+    }
+
+
+def test_gpu_memory_falls_back_to_the_devices_total_minus_free():
+    # another process's 3 GiB is on the device and NVML cannot say which process is this one
+    memory, _ = gpu_memory([(1, 3 * GIB), (2, 12 * GIB)])
+    figures, source = memory.end_step()
+    assert source == "device-used"
+    assert figures["gpu_bytes_per_device"] == 12 * GIB + (20 * GIB - 11 * GIB)  # 80 - 60 used, 11 reserved
+    for processes in (None, [], RuntimeError("NVML"), [(os.getpid(), None)], [(os.getpid(), 2**64 - 1)]):
+        assert gpu_memory(processes)[0].end_step()[1] == "device-used", processes
+
+
+def test_nvml_process_bytes():
+    pid = 1234
+    assert nvml_process_bytes(FakeNvml([(pid, 5), (99, 7)]), "h", pid) == 5
+    # a container's pid namespace: NVML reports the host pid; the only process on our device is this one
+    assert nvml_process_bytes(FakeNvml([(4321, 5)]), "h", pid) == 5
+    assert nvml_process_bytes(FakeNvml([(4321, 5), (99, 7)]), "h", pid) is None
+    assert nvml_process_bytes(FakeNvml([]), "h", pid) is None
+    assert nvml_process_bytes(None, None, pid) is None
