@@ -88,6 +88,10 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         param_buffer_count=PARAM_BUFFER_COUNT,
         param_buffer_size=max(DEFAULT_PARAM_BUFFER_SIZE, aligned_partition_numel(model.largest_param_numel, world)),
         max_in_cpu=MAX_IN_CPU,
+        # templates/zero3.json keeps DeepSpeed's defaults on purpose; the GPU estimate counts the live set
+        # they allow (memory.live_param_bytes), so these must stay equal to the template's values.
+        max_live_parameters=memory.DS_MAX_LIVE_PARAMETERS,
+        max_reuse_distance=memory.DS_MAX_REUSE_DISTANCE,
     )
 
 
@@ -100,4 +104,5 @@ def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
         hidden_size=model.hidden_size,
         vocab_size=model.vocab_size,
         persistent_params=model.params_below(buckets.param_persistence_threshold),
+        param_numels=model.param_numels,
     )

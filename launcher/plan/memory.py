@@ -20,7 +20,39 @@ Sources:
             eq. 1: activations per layer = s·b·h·(34 + 5·a·s/h) bytes; the 5·a·s²·b score term is not
             stored by SDPA/FlashAttention (Dao et al. 2022), which transformers uses by default.
   [DS-swap] DeepSpeed swap_tensor/: optimizer swapper pins buffer_count buffers of the largest
-            sub-group (fp32); parameter swapper pins buffer_count x buffer_size elements (fp16).
+            sub-group (fp32); parameter swapper pins buffer_count x buffer_size elements (fp16). Both come
+            from the aio handle's `new_cpu_locked_tensor` (posix_memalign + mlock): exact sizes.
+  [DS-pin]  DeepSpeed 0.19.8 with CPU offload pins whole flat buffers through `get_accelerator().pin_memory`
+            (CUDA: `tensor.pin_memory()`, i.e. torch's caching host allocator; DS_PIN_MEMORY_BACKEND=native
+            would use mlock instead, not the default):
+            stage_1_and_2.py __init__: `weights_partition = get_accelerator().pin_memory(
+            weights_partition)` (fp32 partition), `temp_pinned = get_accelerator().pin_memory(temp_buffer_bit16)`
+            (`param_buffer_of_bit16_for_cpu_offload_groups`, a 16-bit copy of the partition),
+            `temp_grad_buffer_for_cpu_offload = get_accelerator().pin_memory(...)` (16-bit, largest param),
+            `initialize_optimizer_states`: `single_partition_of_fp32_groups[i].grad = get_accelerator().pin_memory(
+            single_grad_partition)`; with gradient accumulation `buffer_to_accumulate_to_in_cpu` pins one
+            16-bit buffer of the whole param per param in the partition (`accumulated_grads_in_cpu`).
+            stage3.py: `grad_partitions_flat_buffer = get_accelerator().pin_memory(...)` (16-bit, all grad
+            partitions, on CPU whenever the optimizer is offloaded), `subgroup_gradient_buffer =
+            get_accelerator().pin_memory(subgroup_gradient_buffer)` (fp32, one per sub-group, CPU offload),
+            `_create_param_groups_fp16_flat_cpu_memory`: `get_accelerator().pin_memory(torch.empty(
+            flat_buffer_size, dtype=self.dtype))` with offload_param, unconditionally (pin_memory ignored).
+            Each flag is `offload_optimizer.pin_memory`; the fp32 master copy and Adam m, v are not pinned.
+  [torch-host] torch ATen/core/CachingHostAllocator.h (torch 2.13) `allocate`: "Round up the allocation to
+            the nearest power of two to improve reuse" - `c10::llvm::PowerOf2Ceil(size)` unless size >
+            pinned_max_round_threshold() or > pinned_max_cached_size() (both unlimited by default). The CUDA
+            side (aten/src/ATen/cuda/CachingHostAllocator.cpp) passes that rounded size to cudaHostAlloc, or
+            with `pinned_use_cuda_host_register:True` to `allocWithCudaHostRegister(ptr, roundSize)`, which
+            mallocs, pre-faults every page and cudaHostRegisters roundSize: the rounding is resident either
+            way. The PYTORCH_ALLOC_CONF keys `pinned_max_round_threshold_mb` / `pinned_max_cached_size_mb`
+            (in torch 2.13's libc10, not in older releases, where an unknown key is an error) turn it off
+            above a size; see PINNED_ALLOC_CONF.
+  [DS-live] DeepSpeed partitioned_param_coordinator.py: `fetch_sub_module` gathers the current module's
+            params unconditionally, then prefetches `min(max_n_available_params - n_available_params,
+            prefetch_bucket_sz)` elements (the loop overshoots by one param); `__params_to_release` keeps every
+            param used again within `max_reuse_distance_in_numel` elements of the trace (those count in
+            n_available_params too). Live gathered elements <= max(stage3_max_live_parameters,
+            stage3_max_reuse_distance) + current module + one overshooting param.
 """
 
 from __future__ import annotations
@@ -42,6 +74,21 @@ PROCESS_BASELINE_BYTES_CUDA = 2 * GiB
 GPU_USABLE_FRACTION = 0.90  # allocator fragmentation headroom on the GPU
 CPU_USABLE_FRACTION = 0.85  # leave the OS, page cache and data loader room
 NVME_USABLE_FRACTION = 0.95
+# DeepSpeed's defaults (runtime/zero/config.py), kept on purpose in templates/zero3.json: the live set is
+# bounded by them ([DS-live]) and the GPU estimate counts that bound (live_param_bytes).
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+# [torch-host] The allocator setting that stops the power-of-two rounding above 64 MiB. Both keys with the
+# same value: a block above it is then neither rounded nor cached, so a free-list bucket never holds blocks
+# of different sizes (torch 2.13's get_free_block takes the bucket's last block without a size check:
+# pytorch PR 192722, "heap overflow ... when pinned_max_round_threshold_mb is set below
+# pinned_max_cached_size_mb"). Only for a torch that knows the keys; pass PINNED_ROUND_LIMIT_BYTES as
+# estimate(pinned_round_limit=...) exactly when the ranks run with it.
+PINNED_ROUND_LIMIT_MB = 64
+PINNED_ROUND_LIMIT_BYTES = PINNED_ROUND_LIMIT_MB * 2**20
+PINNED_ALLOC_CONF = (
+    f"pinned_max_round_threshold_mb:{PINNED_ROUND_LIMIT_MB},pinned_max_cached_size_mb:{PINNED_ROUND_LIMIT_MB}"
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +132,8 @@ class Buckets:
     param_buffer_size: int
     max_in_cpu: int
     overlap_comm: bool = True
+    max_live_parameters: int = DS_MAX_LIVE_PARAMETERS  # stage3_max_live_parameters
+    max_reuse_distance: int = DS_MAX_REUSE_DISTANCE  # stage3_max_reuse_distance
 
 
 @dataclass(frozen=True)
@@ -160,10 +209,25 @@ def comm_bucket_bytes(strategy: Strategy, buckets: Buckets) -> int:
     return int((buckets.reduce_bucket_size + buckets.allgather_bucket_size) * BYTES_16BIT * factor)
 
 
-def gathered_param_bytes(layer_params: int, largest_param_numel: int) -> int:
-    """ZeRO-3 gathers a layer's full fp16 weights just before use ([ZeRO] §5.3): the widest block plus
-    the largest single tensor (embedding / lm_head / fused experts), gathered whole."""
-    return BYTES_16BIT * (layer_params + largest_param_numel)
+def live_param_numel(shape_params: int, persistent_params: int, largest_param_numel: int, buckets: Buckets) -> int:
+    """ZeRO-3's live gathered parameters ([DS-live]): up to max(stage3_max_live_parameters,
+    stage3_max_reuse_distance), plus the module being fetched and the prefetch loop's overshoot (each at most
+    the largest tensor), never more than the partitioned (non-persistent) parameters."""
+    bound = max(buckets.max_live_parameters, buckets.max_reuse_distance) + 2 * largest_param_numel
+    return min(max(0, shape_params - persistent_params), bound)
+
+
+def zero3_live_parameter_limit(layer_params: int) -> int:
+    """A per-plan stage3_max_live_parameters / stage3_max_reuse_distance ([DS-live]): two of the largest
+    blocks - the one in use and the next one prefetched; with activation checkpointing a block's params are
+    used again (backward) within about two blocks of their recompute, so they are kept, not re-gathered -
+    never above DeepSpeed's default. Not yet written to the ds_config: see capacity.size_buckets."""
+    return min(DS_MAX_LIVE_PARAMETERS, 2 * layer_params)
+
+
+def live_param_bytes(shape_params: int, persistent_params: int, largest_param_numel: int, buckets: Buckets) -> int:
+    """[DS-live] the live gathered 16-bit parameters on each GPU."""
+    return BYTES_16BIT * live_param_numel(shape_params, persistent_params, largest_param_numel, buckets)
 
 
 def persistent_param_bytes(small_params: int) -> int:
@@ -188,6 +252,97 @@ def logits_bytes(seq_len: int, micro_batch: int, vocab: int) -> int:
     """Logits in 16-bit (2 B), upcast to fp32 for the loss (4 B) and its fp32 gradient (4 B), per token
     per vocabulary entry (transformers' ForCausalLMLoss upcasts logits to float)."""
     return seq_len * micro_batch * vocab * (BYTES_16BIT + BYTES_FP32 + BYTES_FP32)
+
+
+# ------------------------------------------------------------------------------------- pinned host memory
+
+
+def power_of_two_ceil(n: int) -> int:
+    """c10::llvm::PowerOf2Ceil: the smallest power of two >= n (0 stays 0)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def pinned_bytes(nbytes: int, round_limit: int | None = None) -> int:
+    """[torch-host] what torch's caching host allocator takes for one pinned allocation of `nbytes`: the next
+    power of two, unless above `round_limit` (PYTORCH_ALLOC_CONF pinned_max_round_threshold_mb; None: torch's
+    default, no limit)."""
+    if round_limit is not None and nbytes > round_limit:
+        return nbytes
+    return power_of_two_ceil(nbytes)
+
+
+def stage3_subgroup_numels(partition: int, sub_group_size: int, subgroup_numel: int) -> list[int]:
+    """ZeRO-3 sub-groups of one rank's partition (stage3.py `_create_fp16_sub_groups`): params are added until
+    a group reaches sub_group_size, so each full group holds between sub_group_size and `subgroup_numel`
+    (optimizer_subgroup_numel) elements. Counted as full groups of the larger size, one per sub_group_size
+    of the partition (an upper bound on both the count and the sizes), the last one the remainder."""
+    if partition <= 0:
+        return []
+    if sub_group_size >= partition:
+        return [partition]
+    full = (partition - 1) // sub_group_size
+    return [subgroup_numel] * full + [max(1, partition - full * subgroup_numel)]
+
+
+def pinned_host_terms(
+    shape: ModelShape,
+    strategy: Strategy,
+    buckets: Buckets,
+    *,
+    world: int,
+    cuda: bool,
+    pin_memory: bool,
+    round_limit: int | None,
+    grad_accum: int,
+) -> dict[str, int]:
+    """Per-rank host buffers of DeepSpeed's CPU offload that the state terms leave out, and the power-of-two
+    rounding of every buffer torch's caching host allocator pins ([DS-pin], [torch-host]).
+
+    Rounding applies only on CUDA (`cuda`): on DeepSpeed's CPU accelerator `pin_memory()` is a no-op and the
+    sizes are exact. The offload buffers are pinned only with `pin_memory` (offload_*.pin_memory); ZeRO-3's
+    flat 16-bit parameter buffer is pinned whatever pin_memory says."""
+    p, n = shape.params, world
+    partition = p // n
+    terms: dict[str, int] = {}
+    offload_pinned: list[int] = []  # byte sizes of the allocations pinned when pin_memory is on
+    always_pinned: list[int] = []  # pinned on every CUDA host
+    if strategy.offload_optimizer == "cpu" and strategy.zero_stage < 3:
+        # stage_1_and_2.py: a 16-bit copy of the partition to upload the updated weights from, and a 16-bit
+        # buffer of the largest param for the gradients on their way down; both exist unpinned too.
+        terms["16-bit staging partition"] = BYTES_16BIT * partition
+        terms["gradient staging buffer (largest param)"] = BYTES_16BIT * shape.largest_param_numel
+        offload_pinned += [
+            BYTES_FP32 * partition,  # fp32 master partition (inside "fp32 optimizer states")
+            BYTES_FP32 * partition,  # fp32 gradient partition
+            BYTES_16BIT * partition,
+            BYTES_16BIT * shape.largest_param_numel,
+        ]
+        if grad_accum > 1:
+            # `accumulated_grads_in_cpu`: one 16-bit buffer of the whole param per param of this partition,
+            # each its own allocation; the partition's two boundary params are counted whole.
+            accumulation = BYTES_16BIT * (partition + 2 * shape.largest_param_numel)
+            if cuda and pin_memory:
+                accumulation += sum(pinned_bytes(2 * k, round_limit) - 2 * k for k in shape.param_numels) // n
+            terms["gradient accumulation buffers"] = accumulation
+    if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
+        # stage3.py `grad_partitions_flat_buffer`: the 16-bit gradient partitions, on the CPU when the
+        # optimizer is offloaded (gradient_accumulation_dtype = the model's 16-bit dtype by default).
+        terms["16-bit gradient partition"] = BYTES_16BIT * partition
+        offload_pinned.append(BYTES_16BIT * partition)
+        if strategy.offload_optimizer == "cpu":
+            subgroup = optimizer_subgroup_numel(p, n, buckets.sub_group_size, shape.largest_param_numel)
+            # one pinned fp32 gradient buffer per sub-group: the "fp32 gradient partition" term
+            groups = stage3_subgroup_numels(partition, buckets.sub_group_size, subgroup)
+            offload_pinned += [BYTES_FP32 * k for k in groups]
+    if strategy.zero_stage >= 3 and strategy.offload_param != "none":
+        # `_create_param_groups_fp16_flat_cpu_memory`: "fp16 weights" (CPU) or "params kept in CPU"
+        flat = p // n if strategy.offload_param == "cpu" else min(p // n, buckets.max_in_cpu)
+        always_pinned.append(BYTES_16BIT * flat)
+    pinned = ((offload_pinned if pin_memory else []) + always_pinned) if cuda else []
+    overhead = sum(pinned_bytes(b, round_limit) - b for b in pinned)
+    if overhead:
+        terms["pinned rounding (torch host allocator)"] = overhead
+    return terms
 
 
 # ------------------------------------------------------------------------------------- swap buffers
@@ -224,6 +379,7 @@ class ModelShape:
     hidden_size: int
     vocab_size: int
     persistent_params: int  # elements in tensors below the persistence threshold
+    param_numels: tuple[int, ...] = ()  # every tensor's numel (per-param pinned buffers); () when unknown
 
 
 def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *, world: int) -> dict[str, int]:
@@ -259,7 +415,14 @@ def estimate(
     micro_batch: int,
     checkpointing: bool,
     has_gpu: bool,
+    pin_memory: bool = True,
+    pinned_round_limit: int | None = None,
+    grad_accum: int = 1,
 ) -> MemoryEstimate:
+    """Bytes per tier for one strategy. `pin_memory`: the ds_config's offload_*.pin_memory (the planner's
+    default, True, is the conservative side); `pinned_round_limit`: PINNED_ROUND_LIMIT_BYTES when the ranks
+    run with PINNED_ALLOC_CONF, None for torch's default rounding; `grad_accum`: gradient accumulation steps
+    (ZeRO-1/2 CPU offload pins per-param accumulation buffers when > 1)."""
     p, n, r = shape.params, world, ranks_per_node
     states = model_states(p, strategy, n)
     gpu: dict[str, int] = dict(states["gpu"])
@@ -277,7 +440,7 @@ def estimate(
 
     gpu["comm buckets"] = comm_bucket_bytes(strategy, buckets)
     if strategy.zero_stage >= 3:
-        gpu["gathered layer"] = gathered_param_bytes(shape.layer_params, shape.largest_param_numel)
+        gpu["live parameters"] = live_param_bytes(p, shape.persistent_params, shape.largest_param_numel, buckets)
         gpu["persistent small params"] = persistent_param_bytes(shape.persistent_params)
     gpu["activations"] = activation_bytes(seq_len, micro_batch, shape.hidden_size, shape.num_layers, checkpointing)
     gpu["logits"] = logits_bytes(seq_len, micro_batch, shape.vocab_size)
@@ -285,6 +448,16 @@ def estimate(
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES
 
     cpu_per_rank |= host_buffer_bytes(shape, strategy, buckets, world=n)
+    cpu_per_rank |= pinned_host_terms(
+        shape,
+        strategy,
+        buckets,
+        world=n,
+        cuda=has_gpu,
+        pin_memory=pin_memory,
+        round_limit=pinned_round_limit,
+        grad_accum=grad_accum,
+    )
 
     cpu = {name: value * r for name, value in cpu_per_rank.items()}
     baseline = PROCESS_BASELINE_BYTES_CUDA if has_gpu else PROCESS_BASELINE_BYTES_CPU

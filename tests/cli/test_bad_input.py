@@ -141,8 +141,9 @@ CASES = [
         (
             "--nvme-path nvme has 9.3 GiB free",
             "ZeRO-3 + opt->nvme",
-            "needs 1.0 TiB of swap files",
-            "at least 1.1 TiB free",
+            # param->cpu no longer fits 512 GiB: the pinned flat 16-bit params and gradients round to 256 GiB each
+            "needs 1.1 TiB of swap files",
+            "at least 1.2 TiB free",
         ),
         host="1x-a100-80g",
         nvme_free_bytes=10 * GB,

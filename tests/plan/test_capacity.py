@@ -31,9 +31,29 @@ def test_param_buffer_holds_the_largest_swapped_partition():
     assert aligned_partition_numel(1000, 4) == 512 and aligned_partition_numel(2049, 1) == 2560
 
 
-def test_sub_group_size_sized_to_the_host(llama70b, write_host):
+def test_sub_group_size_sized_to_the_host(write_host):
+    # 13B, not 70B: ZeRO-3 keeps the 16-bit gradient partition on the CPU with the optimizer on NVMe too
+    # (stage3.py grad_partitions_flat_buffer), 2 B/param pinned - 70B's no longer fits one rank in 64 GiB.
     small = "gpus: {count: 1, memory: 80GiB}\ncpu_memory: 64GiB\nnvme: {path: /n, free: 4TB}\n"
-    plan = plan_for(llama70b, small, write_host, zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
+    model = inspect_model("meta-llama/Llama-2-13b-hf")
+    plan = plan_for(model, small, write_host, zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
     buckets = plan.chosen.buckets
     assert isinstance(buckets.sub_group_size, int) and buckets.sub_group_size < 10**9
     assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 64 * 2**30
+
+
+def test_zero3_template_live_parameters_are_what_the_estimate_counts(llama70b):
+    """templates/zero3.json keeps DeepSpeed's defaults; the sized buckets carry the same numbers, so the GPU
+    estimate ([DS-live]) and the ds_config agree."""
+    import json
+
+    from launcher.plan import memory
+    from launcher.resources import resource_path
+
+    zero = json.loads((resource_path("templates") / "zero3.json").read_text())["zero_optimization"]
+    plan = plan_for(llama70b, "8x-h100-80g", zero_stage="3")
+    buckets = plan.chosen.buckets
+    assert zero["stage3_max_live_parameters"] == buckets.max_live_parameters == memory.DS_MAX_LIVE_PARAMETERS
+    assert zero["stage3_max_reuse_distance"] == buckets.max_reuse_distance == memory.DS_MAX_REUSE_DISTANCE
+    live = plan.chosen.memory.gpu_terms["live parameters"]
+    assert live == 2 * (max(buckets.max_live_parameters, buckets.max_reuse_distance) + 2 * llama70b.largest_param_numel)

@@ -170,3 +170,151 @@ def test_cpu_accelerator_counts_device_memory_in_ram():
     )
     assert "CUDA context" not in est.gpu_terms
     assert est.cpu_terms["device memory (CPU accelerator)"] == est.gpu_bytes_per_device
+
+
+# ------------------------------------------------------------------ pinned host memory (issue 13, item 4)
+
+# Llama-2-70B-like: 68,976,648,192 params over 8 ranks -> an 8.62e9-element partition, 34.5 GB in fp32:
+# above 2^35 B (32 GiB), so torch's caching host allocator takes 64 GiB for it.
+SEVENTY_B = memory.ModelShape(
+    params=68_976_648_192,
+    largest_param_numel=262_144_000,
+    layer_params=855_654_400,
+    num_layers=80,
+    hidden_size=8192,
+    vocab_size=32000,
+    persistent_params=0,
+)
+GiB = 2**30
+
+
+def _estimate_shape(shape, strategy, world, **kw):
+    return memory.estimate(
+        shape,
+        strategy,
+        _buckets(),
+        world=world,
+        ranks_per_node=world,
+        seq_len=2048,
+        micro_batch=1,
+        checkpointing=True,
+        has_gpu=kw.pop("has_gpu", True),
+        **kw,
+    )
+
+
+def test_pinned_rounding_is_torch_power_of_two():
+    assert memory.pinned_bytes(34_488_324_096) == 64 * GiB  # the issue's 35 GB fp32 partition
+    assert memory.pinned_bytes(32 * GiB) == 32 * GiB and memory.pinned_bytes(1) == 1
+    assert memory.pinned_bytes(100 * 2**20, memory.PINNED_ROUND_LIMIT_BYTES) == 100 * 2**20  # above the limit
+    assert memory.pinned_bytes(40 * 2**20, memory.PINNED_ROUND_LIMIT_BYTES) == 64 * 2**20
+    assert memory.PINNED_ALLOC_CONF == "pinned_max_round_threshold_mb:64,pinned_max_cached_size_mb:64"
+
+
+def test_zero2_offload_70b_pins_partitions_rounded_and_the_16bit_staging_buffer():
+    est = _estimate_shape(SEVENTY_B, Strategy(2, "cpu"), 8)
+    partition = SEVENTY_B.params // 8
+    per_rank = {k: v // 8 for k, v in est.cpu_terms.items()}
+    assert per_rank["16-bit staging partition"] == 2 * partition
+    assert per_rank["gradient staging buffer (largest param)"] == 2 * 262_144_000
+    # fp32 master and fp32 grad: 34.5 GB -> 64 GiB each; 16-bit staging 17.2 GB -> 32 GiB; 524 MB -> 512 MiB
+    rounding = (64 * GiB - 4 * partition) * 2 + (32 * GiB - 2 * partition) + (512 * 2**20 - 2 * 262_144_000)
+    assert per_rank["pinned rounding (torch host allocator)"] == rounding
+    pinned = sum(v for k, v in per_rank.items() if k not in ("process baseline", "model load peak (transient)"))
+    # per rank: the 12+4 B/param states, and the pinned buffers at their rounded sizes
+    assert pinned == 8 * partition + 2 * 64 * GiB + 32 * GiB + 512 * 2**20
+
+
+def test_zero3_offload_70b_pins_the_16bit_gradient_partition_and_each_subgroup_gradient():
+    est = _estimate_shape(SEVENTY_B, Strategy(3, "cpu"), 8)
+    partition = SEVENTY_B.params // 8
+    per_rank = {k: v // 8 for k, v in est.cpu_terms.items()}
+    assert per_rank["16-bit gradient partition"] == 2 * partition
+    groups = memory.stage3_subgroup_numels(
+        partition, 10**9, memory.optimizer_subgroup_numel(SEVENTY_B.params, 8, 10**9, SEVENTY_B.largest_param_numel)
+    )
+    assert len(groups) == 9 and sum(groups) >= partition
+    # 17.2 GB -> 32 GiB, and each ~4.1 GB fp32 sub-group gradient -> 4 GiB / 8 GiB
+    expected = 32 * GiB - 2 * partition + sum(memory.pinned_bytes(4 * k) - 4 * k for k in groups)
+    assert per_rank["pinned rounding (torch host allocator)"] == expected
+
+
+def test_small_model_rounding_and_what_turns_it_off():
+    small = memory.ModelShape(
+        params=124_439_808,
+        largest_param_numel=38_597_376,
+        layer_params=7_087_872,
+        num_layers=12,
+        hidden_size=768,
+        vocab_size=50257,
+        persistent_params=0,
+    )
+    est = _estimate_shape(small, Strategy(2, "cpu"), 1)
+    # 497.8 MB fp32 -> 512 MiB (twice), 248.9 MB 16-bit staging -> 256 MiB, 77.2 MB grad buffer -> 128 MiB
+    p, big = small.params, small.largest_param_numel
+    assert est.cpu_terms["16-bit staging partition"] == 2 * p
+    assert est.cpu_terms["pinned rounding (torch host allocator)"] == (
+        2 * (512 * 2**20 - 4 * p) + (256 * 2**20 - 2 * p) + (128 * 2**20 - 2 * big)
+    )
+    # exact sizes: pinning off, the CPU accelerator (pin_memory() is a no-op), or the allocator's limit
+    for kw in ({"pin_memory": False}, {"has_gpu": False}, {"pinned_round_limit": memory.PINNED_ROUND_LIMIT_BYTES}):
+        exact = _estimate_shape(small, Strategy(2, "cpu"), 1, **kw)
+        assert "pinned rounding (torch host allocator)" not in exact.cpu_terms, kw
+        assert exact.cpu_terms["16-bit staging partition"] == 2 * p
+
+
+def test_zero3_param_offload_flat_buffer_is_pinned_even_without_pin_memory():
+    est = _estimate_shape(SEVENTY_B, Strategy(3, "nvme", "cpu"), 8, pin_memory=False)
+    partition = SEVENTY_B.params // 8
+    assert est.cpu_terms["pinned rounding (torch host allocator)"] == 8 * (32 * GiB - 2 * partition)
+
+
+def test_gradient_accumulation_pins_a_buffer_per_param():
+    shape = memory.ModelShape(**{**SHAPE.__dict__, "param_numels": (131_072_000, 50_000_000)})
+    one = _estimate_shape(shape, Strategy(2, "cpu"), 1)
+    four = _estimate_shape(shape, Strategy(2, "cpu"), 1, grad_accum=4)
+    assert "gradient accumulation buffers" not in one.cpu_terms
+    extra = (256 * 2**20 - 2 * 131_072_000) + (128 * 2**20 - 2 * 50_000_000)
+    assert four.cpu_terms["gradient accumulation buffers"] == 2 * (SEVEN_B + 2 * 131_072_000) + extra
+
+
+# ------------------------------------------------------------------ ZeRO-3 live parameters (issue 13, item 7)
+
+
+def test_zero3_gpu_counts_the_live_parameter_bound():
+    est = _estimate(Strategy(3), world=8, ranks=8)
+    # [DS-live] max(max_live 1e9, reuse 1e9) + current module + prefetch overshoot, both the largest tensor;
+    # the old "gathered layer" counted 202M + 131M elements, a third of what DeepSpeed may keep live
+    assert est.gpu_terms["live parameters"] == 2 * (10**9 + 2 * 131_072_000)
+    assert "gathered layer" not in est.gpu_terms
+    smaller = memory.estimate(
+        SHAPE,
+        Strategy(3),
+        _buckets(max_live_parameters=10**8, max_reuse_distance=2 * 10**8),
+        world=8,
+        ranks_per_node=8,
+        seq_len=2048,
+        micro_batch=1,
+        checkpointing=True,
+        has_gpu=True,
+    )
+    assert smaller.gpu_terms["live parameters"] == 2 * (2 * 10**8 + 2 * 131_072_000)
+
+
+def test_live_parameters_never_exceed_the_partitioned_model():
+    tiny = memory.ModelShape(
+        params=4_000_000,
+        largest_param_numel=1_000_000,
+        layer_params=500_000,
+        num_layers=4,
+        hidden_size=256,
+        vocab_size=4000,
+        persistent_params=10_000,
+    )
+    est = _estimate_shape(tiny, Strategy(3), 2)
+    assert est.gpu_terms["live parameters"] == 2 * (4_000_000 - 10_000)
+
+
+def test_per_plan_live_parameter_limit_is_two_blocks_at_most_deepspeeds_default():
+    assert memory.zero3_live_parameter_limit(202_383_360) == 404_766_720  # Llama-2-7B block
+    assert memory.zero3_live_parameter_limit(855_654_400) == 10**9  # Llama-2-70B: DeepSpeed's default
