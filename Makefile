@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # with a GPU let pip pick the CUDA build (or keep the one you installed).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
 
-.PHONY: install demo test test-fast bench gpu-smoke lint format docs clean
+.PHONY: install demo test test-fast bench gpu-smoke gpu-check wheelhouse lint format docs clean
 
 install: $(STAMP)
 
@@ -47,6 +47,30 @@ bench: $(STAMP)
 
 gpu-smoke: $(STAMP)
 	$(BIN)/pytest -q -s -m gpu tests/gpu
+
+# `make gpu-check`: on a host with one CUDA GPU (under 8 minutes), the probe at the check model's shapes, then a
+# smoke run of a one-layer Llama-2-7B-shaped model under each strategy family; writes $(GPU_CHECK_OUT), predicted vs
+# measured GPU memory, CPU memory and step time. With $(WHEELHOUSE) present it installs from it, offline, into
+# $(PYTHON) (the interpreter that already has torch and transformers: PYTHON=/path/to/venv/bin/python); otherwise
+# it uses .venv (`make install`, network).
+WHEELHOUSE    ?= build/wheelhouse
+GPU_CHECK_OUT ?= gpu-check.json
+PY            ?= 3.12
+PLATFORM      ?= manylinux2014_x86_64
+gpu-check:
+ifneq ($(wildcard $(WHEELHOUSE)/*.whl),)
+	$(PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) -e .
+	$(PYTHON) scripts/gpu_check.py --out $(GPU_CHECK_OUT)
+else
+	$(MAKE) install
+	$(BIN)/python scripts/gpu_check.py --out $(GPU_CHECK_OUT)
+endif
+
+# `make wheelhouse PY=3.12 PLATFORM=manylinux2014_x86_64`: every wheel an air-gapped GPU host needs besides torch and
+# transformers (DeepSpeed built here from its sdist, pure Python; this package; their dependencies), into
+# $(WHEELHOUSE) (git-ignored under build/). SKIP="numpy pyarrow ..." leaves out more that the host already has.
+wheelhouse: $(STAMP)
+	PYTHON=$(BIN)/python scripts/wheelhouse.sh $(WHEELHOUSE) $(PY) $(PLATFORM)
 
 # docs/options.md's table is generated from launcher/settings.py (tests/test_settings.py fails when stale).
 docs: $(STAMP)

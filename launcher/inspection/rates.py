@@ -32,21 +32,51 @@ NOMINAL_NVME_WRITE = 5 * GB  # B/s; PCIe 4.0 x4 drives' sequential-write datashe
 NOMINAL_CPU_FLOPS_PER_CORE = 25e9  # useful bf16 FLOP/s per core for the CPU accelerator (AVX-512 class)
 NOMINAL_GPU_TFLOPS = 100.0  # peak dense bf16/fp16 TFLOP/s of an unknown GPU
 CPU_ADAM_BYTES_PER_PARAM = 12  # [seeds-A] CPU-Adam streams 12 B/param of fp32 state: params/s = bandwidth / 12
-# Peak dense bf16 (fp16 for pre-Ampere) TFLOP/s from the vendors' datasheets, for GPUs NVML names.
-GPU_PEAK_TFLOPS = {
-    "H200": 989,
-    "H100": 989,
-    "A100": 312,
-    "L40S": 362,
-    "L40": 181,
-    "A10": 125,
-    "L4": 121,
-    "A6000": 155,
-    "RTX 4090": 165,
-    "RTX 3090": 71,
-    "V100": 125,
-    "T4": 65,
+# Peak dense (no sparsity) bf16 TFLOP/s (fp16 for pre-Ampere parts, which have no bf16) per exact SKU, keyed
+# by the name NVML reports without its "NVIDIA " prefix, compared case-insensitively with runs of spaces
+# collapsed; nothing else: an "H100" in a name says nothing about which of three H100s it is (SXM 989, PCIe
+# 756, NVL 835), nor "A10" about an A10G. The datasheets give dense figures or twice them "with sparsity";
+# the sparse ones are halved here. Each entry: (TFLOP/s, source).
+_H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet (BF16 Tensor Core, sparse figure halved)"
+_H200_SHEET = "NVIDIA H200 Tensor Core GPU datasheet (BF16 Tensor Core, sparse figure halved)"
+_A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (BF16 Tensor Core 312 dense)"
+GPU_PEAK_TFLOPS: dict[str, tuple[float, str]] = {
+    "H100 80GB HBM3": (989, _H100_SHEET + ", H100 SXM"),
+    "H100 PCIe": (756, _H100_SHEET + ", H100 PCIe"),
+    "H100 NVL": (835, _H100_SHEET + ", H100 NVL"),
+    "H200": (989, _H200_SHEET + ", H200 SXM"),
+    "H200 NVL": (835, _H200_SHEET + ", H200 NVL"),
+    "A100-SXM4-40GB": (312, _A100_SHEET + ", SXM"),
+    "A100-SXM4-80GB": (312, _A100_SHEET + ", SXM"),
+    "A100-PCIE-40GB": (312, _A100_SHEET + ", PCIe"),
+    "A100 80GB PCIe": (312, _A100_SHEET + ", PCIe"),
+    "A10": (125, "NVIDIA A10 Tensor Core GPU datasheet (BF16 Tensor Core 125 dense / 250 sparse)"),
+    "L40S": (362, "NVIDIA L40S datasheet (BF16 Tensor Core 362.05 dense / 733 sparse)"),
+    "L40": (181, "NVIDIA L40 datasheet (BF16 Tensor Core 181 dense / 362 sparse)"),
+    "L4": (121, "NVIDIA L4 datasheet (BF16 Tensor Core 242 sparse, halved)"),
+    "RTX A6000": (155, "NVIDIA RTX A6000 datasheet (Tensor 309.7 TFLOPS sparse, halved)"),
+    "GeForce RTX 4090": (
+        165,
+        "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090: FP16/BF16 Tensor, FP32 accumulate)",
+    ),
+    "GeForce RTX 3090": (71, "NVIDIA Ampere GA102 whitepaper (RTX 3090: FP16/BF16 Tensor, FP32 accumulate)"),
+    "Tesla V100-SXM2-16GB": (125, "NVIDIA V100 datasheet (SXM2: Tensor 125, fp16; no bf16)"),
+    "Tesla V100-SXM2-32GB": (125, "NVIDIA V100 datasheet (SXM2: Tensor 125, fp16; no bf16)"),
+    "Tesla V100-PCIE-16GB": (112, "NVIDIA V100 datasheet (PCIe: Tensor 112, fp16; no bf16)"),
+    "Tesla V100-PCIE-32GB": (112, "NVIDIA V100 datasheet (PCIe: Tensor 112, fp16; no bf16)"),
+    "Tesla T4": (65, "NVIDIA T4 datasheet (mixed-precision FP16/FP32 65; no bf16)"),
 }
+# Deliberately absent: the A10G (AWS's part; NVIDIA publishes no datasheet for it, and its tensor rate is
+# below the A10's) and every other name. Those get NOMINAL_GPU_TFLOPS and the plan says "nominal": run
+# `offload-launch probe` on the GPU to measure them instead.
+# A training step's useful FLOP/s as a share of the bf16 matmul rate the probe measures at the model's shapes:
+# steps reach MFU (0.5) of the datasheet peak, while large bf16 matmuls reach ~0.8 of it (an H200 here:
+# 769-798 of 989 TFLOP/s on 8192^3), so a step runs at about MFU / 0.8 of its measured matmul rate.
+STEP_SHARE_OF_MATMUL = MFU / 0.8
+GPU_MATMUL_TOKENS = 4096  # rows of the probed products when the probe is not told the workload (tokens/micro-batch)
+# When the probe does not know the model: (hidden, intermediate) pairs of common Llama shapes (7B, 13B, 70B)
+# and a small one; each is timed as tokens x hidden @ hidden x hidden and tokens x hidden @ hidden x intermediate.
+GPU_MATMUL_DEFAULT_SHAPES = ((1024, 2816), (4096, 11008), (5120, 13824), (8192, 28672))
 CPU_MATMUL_WIDTHS = (64, 128, 256, 512, 1024)  # hidden sizes the CPU accelerator's rate is probed at
 AIO_SWEEP = (  # (block_size, queue_depth, intra_op_parallelism)
     (1 << 20, 8, 1),
@@ -140,6 +170,51 @@ def measure_cpu_flops(width: int, tokens: int = 1024, repeats: int = 3) -> float
     return 2 * tokens * width * width / _best_seconds(lambda: torch.matmul(a, b), repeats)
 
 
+def measure_matmul(rows: int, inner: int, cols: int, device: str = "cuda", repeats: int = 10) -> float:
+    """Useful bf16 FLOP/s (2·rows·inner·cols per product) of a (rows x inner) @ (inner x cols) product on
+    `device` ("cuda", "cuda:1", "cpu"): the best of `repeats` timed products after a warm-up, the device
+    synchronised around each (CUDA launches are asynchronous)."""
+    import torch
+
+    dev = torch.device(device)
+    a = torch.randn(rows, inner, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(inner, cols, dtype=torch.bfloat16, device=dev)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def product() -> None:
+        torch.matmul(a, b)
+        sync()
+
+    for _ in range(3 if dev.type == "cuda" else 1):  # warm-up: cuBLAS handle, heuristics, clocks
+        product()
+    return 2 * rows * inner * cols / _best_seconds(product, repeats)
+
+
+def matmul_shapes(hidden: int, intermediate: int, tokens: int) -> list[tuple[int, int, int]]:
+    """The products of one Llama-style layer at `tokens` rows: the attention projections (hidden x hidden)
+    and the MLP's up/gate projection (hidden x intermediate)."""
+    return [(tokens, hidden, hidden), (tokens, hidden, intermediate)]
+
+
+def measure_gpu_matmuls(
+    shapes: list[tuple[int, int]], tokens: int, device: str = "cuda", repeats: int = 10
+) -> tuple[float, dict]:
+    """(rate, by_width): per (hidden, intermediate) pair the FLOP-weighted bf16 rate of its products
+    (total FLOPs / total seconds), keyed by hidden size; `rate` is the one for the first pair."""
+    by_width: dict[str, float] = {}
+    for hidden, intermediate in shapes:
+        flops = seconds = 0.0
+        for m, k, n in matmul_shapes(hidden, intermediate, tokens):
+            work = 2 * m * k * n
+            flops += work
+            seconds += work / measure_matmul(m, k, n, device, repeats)
+        by_width[str(hidden)] = flops / seconds
+    return by_width[str(shapes[0][0])], by_width
+
+
 def measure_cpu_adam(numel: int, repeats: int = 3) -> tuple[float, int]:
     """(params/s, threads) of DeepSpeedCPUAdam stepping one fp32 tensor of `numel` elements."""
     import torch
@@ -215,8 +290,18 @@ def measure_nvme(path: str, size_bytes: int, sweep=AIO_SWEEP) -> tuple[dict, dic
     return figures, aio_section, points
 
 
-def run_probe(nvme_path: str | None, *, quick: bool, has_gpu: bool, log: Callable[[str], None]) -> ProbeResult:
-    """Measure everything this host has, in bounded time (quick: seconds, for tests)."""
+def run_probe(
+    nvme_path: str | None,
+    *,
+    quick: bool,
+    has_gpu: bool,
+    log: Callable[[str], None],
+    gpu_shapes: list[tuple[int, int]] | None = None,
+    gpu_tokens: int = GPU_MATMUL_TOKENS,
+) -> ProbeResult:
+    """Measure everything this host has, in bounded time (quick: seconds, for tests). With a GPU the bf16
+    matmul rate is timed at `gpu_shapes` ((hidden, intermediate) pairs: the model's, when the probe is told
+    it) with `gpu_tokens` rows; without them at GPU_MATMUL_DEFAULT_SHAPES, and the details say so."""
     figures: dict = {}
     details: dict = {"quick": quick}
     log("CPU memory bandwidth ...")
@@ -234,6 +319,17 @@ def run_probe(nvme_path: str | None, *, quick: bool, has_gpu: bool, log: Callabl
     if has_gpu:
         log("host<->device copies ...")
         figures.update(measure_pcie(64 << 20 if quick else 512 << 20))
+        shapes = list(gpu_shapes) if gpu_shapes else list(GPU_MATMUL_DEFAULT_SHAPES)
+        log(f"GPU bf16 matmuls at {tokens_label(gpu_tokens)} x (hidden, intermediate) {shapes} ...")
+        rate, by_hidden = measure_gpu_matmuls(shapes, gpu_tokens, "cuda", repeats=3 if quick else 10)
+        figures["gpu_matmul_flops_per_s"] = rate
+        details["gpu_matmul_flops_per_s_by_width"] = by_hidden
+        details["gpu_matmul"] = {
+            "tokens": gpu_tokens,
+            "shapes": [list(s) for s in shapes],
+            "shapes_from": "model" if gpu_shapes else "default (the probe was not told the model)",
+            "device_name": _cuda_name(),
+        }
     if nvme_path:
         log(f"NVMe through async_io in {nvme_path} ...")
         sweep = AIO_SWEEP[:2] if quick else AIO_SWEEP
@@ -245,14 +341,46 @@ def run_probe(nvme_path: str | None, *, quick: bool, has_gpu: bool, log: Callabl
     return ProbeResult(host_id=host_id(), date=date, figures=figures, aio=aio_section, details=details)
 
 
+def tokens_label(tokens: int) -> str:
+    return f"{tokens:,} rows"
+
+
+def _cuda_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
 # ------------------------------------------------------------------------------------------ resolving
 
 
+def _sku_key(name: str) -> str:
+    name = " ".join(name.split()).lower()
+    return name.removeprefix("nvidia ")
+
+
+_SKU_INDEX = {_sku_key(key): value for key, value in GPU_PEAK_TFLOPS.items()}
+
+
+def gpu_datasheet(name: str) -> tuple[float, str] | None:
+    """(peak dense bf16 TFLOP/s, datasheet) for exactly this SKU as NVML names it, or None (unknown)."""
+    entry = _SKU_INDEX.get(_sku_key(name))
+    return (float(entry[0]), entry[1]) if entry else None
+
+
 def gpu_peak_tflops(name: str) -> float | None:
-    for key, tflops in sorted(GPU_PEAK_TFLOPS.items(), key=lambda item: -len(item[0])):
-        if key.lower() in name.lower():
-            return float(tflops)
-    return None
+    entry = gpu_datasheet(name)
+    return entry[0] if entry else None
+
+
+def gpu_flops_for_width(probe: ProbeResult, width: int | None) -> float | None:
+    """The probed GPU bf16 matmul rate at the probed hidden size nearest (in ratio) to `width`."""
+    by_width = {int(k): v for k, v in probe.details.get("gpu_matmul_flops_per_s_by_width", {}).items()}
+    if not by_width:
+        return probe.figures.get("gpu_matmul_flops_per_s")
+    if not width:
+        return probe.figures.get("gpu_matmul_flops_per_s", max(by_width.values()))
+    return by_width[min(by_width, key=lambda w: abs(math.log(w / width)))]
 
 
 def cpu_flops_for_width(probe: ProbeResult, width: int) -> float | None:
@@ -284,9 +412,20 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
         return float(nominal)
 
     if host.has_gpu:
-        peak = host.gpus.tflops or gpu_peak_tflops(host.gpus.name)
-        sources["gpu_tflops"] = ("described" if host.gpus.tflops else "datasheet") if peak else "nominal"
-        compute = (peak or NOMINAL_GPU_TFLOPS) * 1e12 * MFU
+        matmul = gpu_flops_for_width(probe, width) if probe else None
+        if matmul:
+            sources["gpu_tflops"] = "measured"
+            compute = matmul * STEP_SHARE_OF_MATMUL
+        else:
+            sheet = gpu_datasheet(host.gpus.name)
+            peak = host.gpus.tflops or (sheet[0] if sheet else None)
+            if host.gpus.tflops:
+                sources["gpu_tflops"] = "described"
+            elif sheet:
+                sources["gpu_tflops"] = "datasheet"  # gpu_datasheet(name) names the sheet
+            else:  # not guessed from a similar name: the nominal figure, and the source says why
+                sources["gpu_tflops"] = f"nominal (unknown GPU {host.gpus.name!r})"
+            compute = (peak or NOMINAL_GPU_TFLOPS) * 1e12 * MFU
     else:
         compute = pick("cpu_flops_per_s", None, NOMINAL_CPU_FLOPS_PER_CORE * host.cpu_cores / host.ranks_per_node)
     pcie_measured = measured.get("pcie_pinned_h2d_bytes_per_s")
@@ -313,8 +452,18 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
     )
 
 
-def measure_and_cache(nvme_path: str | None, *, quick: bool, log: Callable[[str], None]) -> tuple[ProbeResult, Path]:
-    """`offload-launch probe`: measure this host and cache the figures where later plans on it find them."""
+def measure_and_cache(
+    nvme_path: str | None,
+    *,
+    quick: bool,
+    log: Callable[[str], None],
+    model: str | None = None,
+    tokens: int = GPU_MATMUL_TOKENS,
+    trust_remote_code: bool = False,
+) -> tuple[ProbeResult, Path]:
+    """`offload-launch probe`: measure this host and cache the figures where later plans on it find them.
+    `model` (a hub id or folder): the GPU matmuls are timed at its (hidden, intermediate) shapes, with
+    `tokens` rows (micro-batch x sequence length); without it at GPU_MATMUL_DEFAULT_SHAPES."""
     from launcher.errors import UserInputError
     from launcher.files import tool_cache_dir
     from launcher.inspection.host import inspect_host
@@ -325,7 +474,14 @@ def measure_and_cache(nvme_path: str | None, *, quick: bool, log: Callable[[str]
             "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
             "or libaio-devel (RHEL), then probe again"
         )
-    result = run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=log)
+    shapes = None
+    if model and host.has_gpu:
+        from launcher.files import tool_cache_dir as cache_dir
+        from launcher.inspection.model import inspect_model
+
+        profile = inspect_model(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir())
+        shapes = [(profile.hidden_size, profile.intermediate_size)]
+    result = run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=log, gpu_shapes=shapes, gpu_tokens=tokens)
     path = cache_path(tool_cache_dir())
     save(result, path)
     return result, path

@@ -79,13 +79,103 @@ def test_probe_rejects_a_missing_nvme_path(cache_home, tmp_path):
     ("name", "tflops"),
     [
         ("NVIDIA A100-SXM4-80GB", 312),
-        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA A100 80GB PCIe", 312),
+        ("NVIDIA H100 80GB HBM3", 989),  # SXM5
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H200 NVL", 835),
+        ("NVIDIA A10", 125),
+        ("NVIDIA A10G", None),  # AWS's part: no NVIDIA datasheet, and not the A10
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L40", 181),
+        ("NVIDIA L4", 121),
         ("NVIDIA GeForce RTX 4090", 165),
+        ("NVIDIA GeForce RTX 4090 D", None),  # a different SKU, not a 4090
+        ("Tesla V100-SXM2-32GB", 125),
+        ("Tesla V100-PCIE-16GB", 112),
+        ("Tesla T4", 65),
+        ("nvidia  h100  pcie", 756),  # case and runs of spaces do not matter
+        ("NVIDIA H100", None),  # which of three H100s? not guessed
+        ("NVIDIA H800 PCIe", None),
         ("Mystery GPU", None),
     ],
 )
-def test_datasheet_tflops(name, tflops):
+def test_datasheet_tflops_match_exact_skus_only(name, tflops):
     assert probe.gpu_peak_tflops(name) == tflops
+    if tflops is not None:
+        assert "datasheet" in probe.gpu_datasheet(name)[1] or "whitepaper" in probe.gpu_datasheet(name)[1]
+
+
+def test_every_table_entry_has_a_source_and_no_entry_matches_another_sku():
+    for key, (tflops, source) in probe.GPU_PEAK_TFLOPS.items():
+        assert tflops > 0 and source
+        assert probe.gpu_peak_tflops("NVIDIA " + key) == tflops
+        for other in probe.GPU_PEAK_TFLOPS:  # a name that merely contains another SKU's name is not that SKU
+            if other != key and other in key:
+                assert probe.gpu_peak_tflops("NVIDIA " + key) == probe.GPU_PEAK_TFLOPS[key][0]
+
+
+def _gpu_host(name: str, tflops=None):
+    from dataclasses import replace
+
+    from launcher.inspection.hostspec import load_host_spec
+    from tests.helpers import host_path
+
+    host = load_host_spec(host_path("1x-h100-80g"))
+    return replace(host, gpus=replace(host.gpus, name=name, tflops=tflops))
+
+
+def test_an_unknown_gpu_gets_the_nominal_figure_and_says_so():
+    rates = probe.resolve_rates(_gpu_host("NVIDIA A10G"), None)
+    assert rates.compute_flops_per_s == pytest.approx(probe.NOMINAL_GPU_TFLOPS * 1e12 * probe.MFU)
+    assert rates.sources["gpu_tflops"].startswith("nominal") and "A10G" in rates.sources["gpu_tflops"]
+    pcie = probe.resolve_rates(_gpu_host("NVIDIA H100 PCIe"), None)
+    assert pcie.compute_flops_per_s == pytest.approx(756e12 * probe.MFU) and pcie.sources["gpu_tflops"] == "datasheet"
+
+
+def test_a_measured_gpu_matmul_rate_wins_at_the_nearest_probed_width():
+    result = probe.ProbeResult(
+        host_id="h",
+        date="d",
+        figures={"gpu_matmul_flops_per_s": 400e12},
+        details={"gpu_matmul_flops_per_s_by_width": {"1024": 200e12, "4096": 400e12, "8192": 600e12}},
+    )
+    host = _gpu_host("NVIDIA H100 80GB HBM3", tflops=989)
+    rates = probe.resolve_rates(host, result, width=5120)
+    assert rates.sources["gpu_tflops"] == "measured"
+    assert rates.compute_flops_per_s == pytest.approx(400e12 * probe.STEP_SHARE_OF_MATMUL)
+    assert probe.resolve_rates(host, result, width=1000).compute_flops_per_s == pytest.approx(
+        200e12 * probe.STEP_SHARE_OF_MATMUL
+    )
+
+
+def test_matmul_timing_runs_on_the_cpu_and_returns_a_positive_rate():
+    rate = probe.measure_matmul(64, 128, 96, device="cpu", repeats=2)
+    assert rate > 0
+    first, by_width = probe.measure_gpu_matmuls([(64, 160), (128, 352)], tokens=32, device="cpu", repeats=1)
+    assert set(by_width) == {"64", "128"} and first == by_width["64"] and all(v > 0 for v in by_width.values())
+    assert probe.matmul_shapes(4096, 11008, 2048) == [(2048, 4096, 4096), (2048, 4096, 11008)]
+
+
+def test_probe_passes_the_models_shapes_to_the_gpu_matmuls(monkeypatch, cache_home, tiny_llama_dir):
+    """`probe --model DIR --tokens N` times the GPU matmuls at that model's (hidden, intermediate)."""
+    from launcher.inspection import host as host_module
+
+    seen = {}
+
+    def fake_run_probe(nvme_path, *, quick, has_gpu, log, gpu_shapes=None, gpu_tokens=0):
+        seen.update(shapes=gpu_shapes, tokens=gpu_tokens, has_gpu=has_gpu)
+        return probe.ProbeResult(host_id="h", date="d", figures={})
+
+    monkeypatch.setattr(host_module, "inspect_host", lambda nvme: _gpu_host("NVIDIA H200"))
+    monkeypatch.setattr(probe, "run_probe", fake_run_probe)
+    result = CliRunner().invoke(cli, ["probe", "--model", str(tiny_llama_dir), "--tokens", "512", "--json"])
+    assert result.exit_code == 0, result.output
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    assert seen == {"shapes": [(config.hidden_size, config.intermediate_size)], "tokens": 512, "has_gpu": True}
 
 
 def test_cpu_rate_is_taken_at_the_nearest_probed_width():

@@ -1,0 +1,55 @@
+"""scripts/gpu_check.py's CPU path: the probe and one smoke run on DeepSpeed's CPU accelerator, one JSON of
+predicted vs measured (the same shape `make gpu-check` writes on a GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.e2e
+def test_gpu_check_cpu_path_writes_predicted_vs_measured(tmp_path):
+    out = tmp_path / "gpu-check.json"
+    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--cpu", "--own-cache", "--work", str(tmp_path / "work")]
+        + ["--out", str(out), "--strategies", "2:cpu:none", "--no-nvme"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["passed"] and result["device"]["accelerator"] == "cpu"
+    assert result["probe"]["ok"] and result["probe"]["figures"]["cpu_adam_params_per_s"] > 0
+    assert result["workload"]["steps"] == 2
+    (run,) = result["runs"]
+    assert run["passed"] and (run["zero_stage"], run["offload_optimizer"], run["offload_param"]) == (2, "cpu", "none")
+    for figure in ("cpu_bytes_per_node", "step_seconds"):
+        band = run[figure]
+        assert band["predicted"] > 0 and band["measured"] > 0
+        assert band["measured_over_predicted"] == pytest.approx(band["measured"] / band["predicted"])
+    assert run["gpu_bytes_per_device"]["measured"] is None  # no GPU: nothing measured, nothing invented
+    assert len(run["losses"]) == 2
+
+
+def test_strategies_are_parsed_and_checked():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert gpu_check.parse_strategies("2:none:none, 3:cpu:cpu") == [("2", "none", "none"), ("3", "cpu", "cpu")]
+    with pytest.raises(SystemExit):
+        gpu_check.parse_strategies("3:gpu:cpu")
+    assert gpu_check.band(2.0, 3.0) == {"predicted": 2.0, "measured": 3.0, "measured_over_predicted": 1.5}
+    assert gpu_check.band(None, 3.0)["measured_over_predicted"] is None
