@@ -9,7 +9,8 @@ The checks, in order (the first that fails decides the exit code):
   config        the ds_config renders and passes the JSON Schema and DeepSpeed's own models        exit 10
   data          the data loads, tokenizes and packs into at least one block per rank             exit 11
   engine        DeepSpeed built the planned ZeRO stage and offload devices (and DeepSpeedCPUAdam) exit 12
-  loss          every loss is finite and the last is below the first (one batch, seen again)     exit 13
+  loss          every loss is finite and the last is below the first (one batch, seen again); fp16's
+                first loss-scale calibration skips are allowed, later skips fail                 exit 13
   memory        measured peak memory per tier / the plan's prediction <= --smoke-memory-tolerance exit 14
   checkpoint    a checkpoint saves, and loading it restores the saved weights exactly           exit 15
   nvme_cleanup  the run's NVMe swap folder is gone at the end                                    exit 16

@@ -181,14 +181,21 @@ class CheckpointStore:
         return load_path, client_state
 
     def _refresh_16bit_weights(self) -> None:
-        import deepspeed
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        for param in self.engine.module.parameters():
-            full = safe_get_full_fp32_param(param)  # collective: every rank, same order
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                if self.rank == 0:
-                    param.data.copy_(full.reshape(param.shape).to(param.dtype))
+        """Each rank's 16-bit partitions from its restored fp32 partition, one ZeRO-3 sub-group at a time: the
+        sub-group is swapped in from NVMe once, copied, and released (no write back: nothing in it changed), as
+        DeepSpeed's own step does (stage3.py: _prepare_sub_group, _reassign_or_swap_out_partitioned_parameters,
+        _release_sub_group). deepspeed.utils.safe_get_full_fp32_param per parameter would swap the parameter's
+        whole sub-group in for each parameter. Then the parameters ZeRO-3 keeps gathered (persistent) are gathered
+        again from the new partitions. Collective only in that last gather."""
+        optimizer = self.engine.optimizer
+        for sub_group in range(len(optimizer.fp16_groups)):
+            swapped = optimizer._swappable_optimizer_subgroup(sub_group)
+            if swapped:
+                optimizer._optimizer_states_and_gradient_swap_in(sub_group)
+            optimizer._reassign_or_swap_out_partitioned_parameters(sub_group)
+            if swapped:
+                optimizer._release_swap_buffers(sub_group)
+        optimizer.checkpoint_event_epilogue()
 
     def _optimizer_swapped(self) -> bool:
         return self.zero.get("stage") == 3 and self.zero.get("offload_optimizer", {}).get("device") == "nvme"

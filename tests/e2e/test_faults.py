@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import launch, read_metrics, run_launch
+from tests.e2e.test_smoke import probe_env, probe_events
 
 pytestmark = pytest.mark.e2e
 
@@ -133,8 +134,11 @@ def test_optimizer_on_nvme_killed_in_a_step_resumes_on_the_same_curve(tiny_model
     run_launch(tiny_model, tiny_data, reference_out, *options)
     killed = launch(tiny_model, tiny_data, out, *options, env={"OFFLOAD_LAUNCH_KILL_AT": "step:5"})
     assert killed.returncode != 0 and complete(out) == ["step3"]
-    done = run_launch(tiny_model, tiny_data, out, *options)
+    probe = tmp_path / "probe"
+    done = run_launch(tiny_model, tiny_data, out, *options, env=probe_env(probe))
     assert "resumed from step3 (step 3)" in done.stderr and "refreshed the 16-bit weights" in done.stderr
+    swaps = probe_events(probe, "swap_in")  # the refresh swaps each optimizer sub-group in once, not per parameter
+    assert sorted(e["sub_group"] for e in swaps if e["refresh"]) == sorted({e["sub_group"] for e in swaps})
     resumed, reference = read_metrics(out), read_metrics(reference_out)
     assert [m["step"] for m in resumed] == list(range(1, 7))  # continued after step 3, each step once
     assert [m["lr"] for m in resumed] == [m["lr"] for m in reference]  # the schedule continues exactly

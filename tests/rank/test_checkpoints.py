@@ -227,3 +227,41 @@ def test_no_resume_starts_fresh_and_keeps_everything(tmp_path):
     make_checkpoint(tmp_path / "checkpoints", 3, complete=False)
     assert checkpoints_.resume() == 0
     assert engine.loaded == [] and (tmp_path / "checkpoints" / "step3").exists()
+
+
+class SwappedZero3Optimizer:
+    """The ZeRO-3 optimizer's sub-group interface (deepspeed/runtime/zero/stage3.py) with every sub-group's fp32
+    partition on NVMe: records the calls, and fails a refresh that reads a sub-group it has not swapped in."""
+
+    def __init__(self, params_per_group: list[int]):
+        self.fp16_groups = [[object()] * n for n in params_per_group]
+        self.calls: list[tuple] = []
+        self.swapped_in: set[int] = set()
+
+    def _swappable_optimizer_subgroup(self, i):
+        return True
+
+    def _optimizer_states_and_gradient_swap_in(self, i, timer_names=None):
+        self.calls.append(("swap_in", i))
+        self.swapped_in.add(i)
+
+    def _reassign_or_swap_out_partitioned_parameters(self, i):
+        assert i in self.swapped_in, f"sub-group {i} read while on NVMe"
+        self.calls.append(("copy_fp32_to_16bit", i))
+
+    def _release_swap_buffers(self, i):
+        self.calls.append(("release", i))
+        self.swapped_in.discard(i)
+
+    def checkpoint_event_epilogue(self):
+        self.calls.append(("gather_persistent",))
+
+
+def test_refresh_after_an_nvme_load_swaps_each_sub_group_in_once(tmp_path):
+    """Not once per parameter (safe_get_full_fp32_param swaps the parameter's whole sub-group in)."""
+    optimizer = SwappedZero3Optimizer([3, 5, 1])  # 9 parameters in 3 sub-groups
+    checkpoints_, _ = store(tmp_path, SimpleNamespace(optimizer=optimizer))
+    checkpoints_._refresh_16bit_weights()
+    expected = [(step, i) for i in range(3) for step in ("swap_in", "copy_fp32_to_16bit", "release")]
+    assert optimizer.calls == [*expected, ("gather_persistent",)]
+    assert sum(call[0] == "swap_in" for call in optimizer.calls) == 3
