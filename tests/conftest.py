@@ -23,6 +23,17 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="offload-launch-tests-")
 
 from tests.helpers import save_config, tiny_llama_config  # noqa: E402  (after the environment above)
 
+# This machine's device selection and allocator settings must not reach what the tests plan and launch; a test
+# that means them sets them itself. GPU-marked tests keep them: there they select the GPU under test.
+ENVIRONMENT_TESTS_SET = ("CUDA_VISIBLE_DEVICES", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+@pytest.fixture(autouse=True)
+def _no_device_selection(request, monkeypatch):
+    if request.node.get_closest_marker("gpu") is None:
+        for name in ENVIRONMENT_TESTS_SET:
+            monkeypatch.delenv(name, raising=False)
+
 
 @pytest.fixture
 def tiny_llama_dir(tmp_path: Path) -> Path:

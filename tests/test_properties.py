@@ -375,12 +375,14 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
     one more byte of RAM lets ZeRO-3 + opt->cpu + param->nvme fit, which swaps 2 B/param of weights (read
     twice, written once per step) where opt->nvme swaps 16 B/param of optimizer state both ways, so it is
     predicted faster. The parameters go to a slower tier because the optimizer comes back from it: the
-    planner doing its job, not a bug."""
+    planner doing its job, not a bug. The RAM is one byte under that candidate's threshold in the sweep
+    (thresholds(): its 131.2 GiB of CPU RAM / CPU_USABLE_FRACTION, the 16-bit gradient partition ZeRO-3 keeps
+    on the CPU included); the NVMe drive is too small for opt->nvme + param->nvme."""
     host = HostProfile(
         source="counterexample.yaml",
         gpus=GpuSpec(count=0, memory_bytes=0, name="none"),
-        cpu_memory_bytes=149_098_170_969,
-        cpu_memory_available_bytes=149_098_170_969,
+        cpu_memory_bytes=165_737_867_383,
+        cpu_memory_available_bytes=165_737_867_383,
         cpu_cores=1,
         nvme=NvmeSpec("/local_nvme/offload", 113_489_105_112),
     )
@@ -390,6 +392,11 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
     roomier = make_plan(model, replace(host, cpu_memory_bytes=more, cpu_memory_available_bytes=more), workload)
     assert tight.chosen.strategy.label == "ZeRO-3 + opt->nvme"
     assert roomier.chosen.strategy.label == "ZeRO-3 + opt->cpu + param->nvme"
+    # `more` is the sweep's own threshold for the candidate, from the model: not a constant tuned to pass
+    assert more in thresholds(tight, lambda c: c.memory.cpu_bytes, CPU_USABLE_FRACTION)
+    assert more == math.ceil(roomier.chosen.memory.cpu_bytes / CPU_USABLE_FRACTION)
+    both_swap = next(c for c in tight.candidates if c.strategy.label == "ZeRO-3 + opt->nvme + param->nvme")
+    assert any(p.startswith("NVMe needs") for p in both_swap.problems)
     assert roomier.chosen.timing.step_seconds < tight.chosen.timing.step_seconds
     assert roomier.chosen.memory.nvme_bytes < tight.chosen.memory.nvme_bytes
     check_more_never_hurts([tight, roomier], offload_order=False)

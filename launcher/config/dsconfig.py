@@ -43,6 +43,8 @@ KNOB_TO_DS_KEY = {
     "param_buffer_count": "zero_optimization.offload_param.buffer_count",
     "param_buffer_size": "zero_optimization.offload_param.buffer_size",
     "max_in_cpu": "zero_optimization.offload_param.max_in_cpu",
+    "max_live_parameters": "zero_optimization.stage3_max_live_parameters",
+    "max_reuse_distance": "zero_optimization.stage3_max_reuse_distance",
 }
 
 
@@ -81,6 +83,9 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
         zero["stage3_prefetch_bucket_size"] = buckets.prefetch_bucket_size
         zero["stage3_param_persistence_threshold"] = buckets.param_persistence_threshold
         zero["sub_group_size"] = buckets.sub_group_size
+        # the live-parameter bound the GPU estimate counts ([DS-live], capacity.size_buckets)
+        zero["stage3_max_live_parameters"] = buckets.max_live_parameters
+        zero["stage3_max_reuse_distance"] = buckets.max_reuse_distance
     if strategy.offload_optimizer != "none":
         offload = {"pin_memory": plan.pin_memory}
         if strategy.offload_optimizer == "nvme":

@@ -249,15 +249,38 @@ def config_buckets(config: dict, plan: Plan, strategy: Strategy, world: int, ran
         param_buffer_count=_pick(param, ("buffer_count",), param_model, planned.param_buffer_count),
         param_buffer_size=_pick(param, ("buffer_size",), param_model, planned.param_buffer_size),
         max_in_cpu=_pick(param, ("max_in_cpu",), param_model, planned.max_in_cpu),
+        max_live_parameters=_pick(
+            zero, ("stage3_max_live_parameters", "max_live_parameters"), zero_model, planned.max_live_parameters
+        ),
+        max_reuse_distance=_pick(
+            zero, ("stage3_max_reuse_distance", "max_reuse_distance"), zero_model, planned.max_reuse_distance
+        ),
         # DeepSpeedZeroConfig.overlap_comm_valid: unset means on for stage 3 only
         overlap_comm=overlap if isinstance(overlap, bool) else strategy.zero_stage == 3,
     )
 
 
+def config_pin_memory(config: dict, strategy: Strategy) -> bool:
+    """offload_optimizer.pin_memory as DeepSpeed reads it (the config's bool, else its default): the flag the
+    memory model's pinned offload buffers follow ([DS-pin]). Without optimizer offload it pins nothing."""
+    if strategy.offload_optimizer == "none":
+        return False
+    _, optimizer_model, _ = _zero_models()
+    value = _dict(_dict(_get(config, "zero_optimization")).get("offload_optimizer")).get("pin_memory")
+    return value if isinstance(value, bool) else bool(optimizer_model.model_fields["pin_memory"].default)
+
+
+def _int_or_auto(value: object, planned: int) -> int:
+    """A positive integer from the config, the plan's number for "auto" or nothing."""
+    number = _int(value)
+    return number if number and number > 0 else planned
+
+
 def estimate_config(config: dict, plan: Plan, world_size: int) -> tuple[Strategy, MemoryEstimate]:
     """The config's strategy and its memory, sized by the planner's own model (memory.estimate) with the
-    config's bucket sizes and micro-batch (the plan's where the config says "auto" or nothing). ZeRO-0
-    partitions nothing: sized as ZeRO-1 with a world of one, every rank holding everything."""
+    config's bucket sizes, micro-batch, gradient accumulation and pin_memory (the plan's where the config
+    says "auto" or nothing), and the pinned-buffer rounding the ranks will run with (plan.alloc_conf).
+    ZeRO-0 partitions nothing: sized as ZeRO-1 with a world of one, every rank holding everything."""
     strategy = strategy_of(config)
     sized = strategy if strategy.zero_stage else replace(strategy, zero_stage=1)
     world = world_size if strategy.zero_stage else 1
@@ -275,5 +298,8 @@ def estimate_config(config: dict, plan: Plan, world_size: int) -> tuple[Strategy
         micro_batch=micro if micro and micro > 0 else plan.workload.micro_batch,
         checkpointing=plan.workload.activation_checkpointing,
         has_gpu=plan.host.has_gpu,
+        pin_memory=config_pin_memory(config, sized),
+        pinned_round_limit=memory.pinned_round_limit(plan.alloc_conf),
+        grad_accum=_int_or_auto(config.get("gradient_accumulation_steps"), plan.workload.grad_accum),
     )
     return strategy, estimate

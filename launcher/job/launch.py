@@ -41,6 +41,8 @@ class LaunchSpec:
     # default, GPUs 0..ranks_per_node-1. Used for single-node CUDA runs only.
     devices: tuple[int, ...] | None = None
     pci_bus_order: bool = False  # `devices` are NVML (PCI bus) indices: the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID
+    # PYTORCH_ALLOC_CONF for the ranks (the plan's alloc_conf, memory.pinned_alloc_conf): None sets nothing
+    alloc_conf: str | None = None
 
     @property
     def threads_per_rank(self) -> int:
@@ -104,6 +106,10 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         env["DS_ACCELERATOR"] = "cpu"
     if include and spec.pci_bus_order:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ranks' CUDA numbers GPUs as NVML did
+    if spec.alloc_conf:
+        # torch's caching host allocator rounds pinned buffers up to a power of two unless told otherwise
+        # (memory.PINNED_ALLOC_CONF); the plan's CPU estimate counts the rounding this setting leaves
+        env["PYTORCH_ALLOC_CONF"] = spec.alloc_conf
     return argv, env
 
 

@@ -40,17 +40,29 @@ class Problem:
     fatal: bool = True  # False: printed as a warning, the run goes on
 
 
-def find_problems(plan: Plan, own_swap_dir: str | None = None, config: dict | None = None) -> list[Problem]:
+# The checks by name: HOST_CHECKS need only the plan; CONFIG_CHECKS read the final ds_config, so a run that
+# makes it after the host checks (train.prepare_run) runs them separately, before anything is written.
+HOST_CHECKS = ("ram", "shm", "memlock", "async_io", "cpu_adam", "nvme_leftovers")
+CONFIG_CHECKS = ("cuda_toolkit",)
+ALL_CHECKS = HOST_CHECKS + CONFIG_CHECKS
+
+
+def find_problems(
+    plan: Plan, own_swap_dir: str | None = None, config: dict | None = None, *, checks: tuple[str, ...] = ALL_CHECKS
+) -> list[Problem]:
     """Every problem this host has with the plan's chosen strategy (an empty list: go). `own_swap_dir` is this
     run's folder under --nvme-path: other runs' folders there are reported, this one is reused. `config`: the
-    final ds_config when known (a user's config can turn torch_adam off); else the one the plan renders."""
+    final ds_config when known (a user's config can turn torch_adam off); else the one the plan renders.
+    `checks`: the names of the checks to make (HOST_CHECKS, CONFIG_CHECKS; all by default)."""
     if plan.chosen is None or plan.host.source != "live":
         return []
-    found = [check(plan) for check in (_ram, _shm, _memlock, _async_io, _cpu_adam)]
-    found.append(_cuda_toolkit(plan, config))
+    named = {"ram": _ram, "shm": _shm, "memlock": _memlock, "async_io": _async_io, "cpu_adam": _cpu_adam}
+    found = [named[name](plan) for name in named if name in checks]
+    if "cuda_toolkit" in checks:
+        found.append(_cuda_toolkit(plan, config))
     problems = [problem for problem in found if problem is not None]
     nvme_path = plan.workload.nvme_path or (plan.host.nvme.path if plan.host.nvme else None)
-    if nvme_path:
+    if nvme_path and "nvme_leftovers" in checks:
         problems.extend(stale_swap_problems(nvme_path, own_swap_dir))
     return problems
 
@@ -326,34 +338,45 @@ def _ninja_available() -> bool:
     return is_ninja_available()
 
 
-def shm_leftovers(*, remove: bool, warn: Callable[[str], None]) -> list[launch.ShmBuffer]:
+def shm_leftovers(*, remove: bool) -> tuple[list[launch.ShmBuffer], str | None]:
     """DeepSpeed's allreduce buffers that killed runs left in /dev/shm (their owners gone: no live process maps
     them; a launcher that returns removes its own run's). A real run removes them, so that the /dev/shm check
-    and the run itself see the room; a dry run only says what that would free."""
+    and the run itself see the room; a dry run only says what that would free. The buffers and the line that
+    says so (None when there were none)."""
     shm_dir = Path(SHM_PATH)
     buffers = launch.remove_orphaned_shm_buffers(shm_dir) if remove else launch.orphaned_shm_buffers(shm_dir)
-    if buffers:
-        size = fmt_bytes(sum(buffer.bytes for buffer in buffers))
-        what = f"{len(buffers)} DeepSpeed allreduce buffer{'s' if len(buffers) != 1 else ''} left by killed runs"
-        if remove:
-            warn(f"freed {size} of {SHM_PATH}: {what} (owners gone)")
-        else:
-            warn(f"warning: {SHM_PATH} holds {size} in {what} (owners gone); a real run removes them")
-    return buffers
+    if not buffers:
+        return buffers, None
+    size = fmt_bytes(sum(buffer.bytes for buffer in buffers))
+    what = f"{len(buffers)} DeepSpeed allreduce buffer{'s' if len(buffers) != 1 else ''} left by killed runs"
+    if remove:
+        return buffers, f"freed {size} of {SHM_PATH}: {what} (owners gone)"
+    return buffers, f"warning: {SHM_PATH} holds {size} in {what} (owners gone); a real run removes them"
 
 
 def enforce(
-    plan: Plan, own_swap_dir: str | None, *, fatal: bool, warn: Callable[[str], None], config: dict | None = None
+    plan: Plan,
+    own_swap_dir: str | None,
+    *,
+    fatal: bool,
+    warn: Callable[[str], None],
+    config: dict | None = None,
+    checks: tuple[str, ...] = ALL_CHECKS,
 ) -> None:
     """This machine's limits against the plan, before anything is written or started: every non-fatal problem
     (all of them when not `fatal`, as in a dry run) goes to `warn`; then the first fatal one stops the run
-    with its exit code. First a real run frees the /dev/shm that killed runs left (`shm_leftovers`)."""
-    if fatal or plan.host.source == "live":
-        shm_leftovers(remove=fatal, warn=warn)
-    problems = find_problems(plan, own_swap_dir, config)
+    with its exit code. First a real run frees the /dev/shm that killed runs left (`shm_leftovers`), when the
+    /dev/shm check is among `checks`, and says so when the run goes ahead. `config`: the final ds_config (see
+    find_problems)."""
+    freed = None
+    if "shm" in checks and (fatal or plan.host.source == "live"):
+        _buffers, freed = shm_leftovers(remove=fatal)
+    problems = find_problems(plan, own_swap_dir, config, checks=checks)
     for problem in problems:
         if not (fatal and problem.fatal):
             warn(f"warning: {problem.message}")
     for problem in problems:
         if fatal and problem.fatal:
             raise Stopped(problem.message, problem.exit_code)
+    if freed:  # said once the run goes ahead: a refusal stays the one line it is
+        warn(freed)

@@ -105,11 +105,12 @@ def prepare(
     user: UserConfig | None = None,
     launcher_args: tuple[str, ...] = (),
     tokenize: bool,
-    before_data: Callable[[dict], object] | None = None,
+    before_data: Callable[[dict, dict], object] | None = None,
 ) -> Job:
     """Everything a run needs, checked, with nothing written outside OUT/cache (and that only when `tokenize`).
-    `before_data` is called with the run's identity (its data not yet fingerprinted) once everything but the
-    data's tokens is checked and before anything is written: the caller checks and locks the folder there."""
+    `before_data` is called with the run's identity (its data not yet fingerprinted) and the final ds_config
+    once everything but the data's tokens is checked and before anything is written: the caller makes the
+    checks that need the final config and checks and locks the folder there."""
     from launcher.data.blocks import load_token_blocks
     from launcher.data.sources import inspect_data
 
@@ -124,7 +125,7 @@ def prepare(
     pack = tokenize or settings.epochs is not None
     tokenizer = load_tokenizer(settings, model_identity(plan)) if pack else None
     if before_data is not None:
-        before_data(run_identity(plan, settings, final.config, None))
+        before_data(run_identity(plan, settings, final.config, None), final.config)
     blocks = None
     if pack:
         cache = out / "cache" if tokenize else None
@@ -227,14 +228,17 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> Run
 
 
 def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[str, ...]) -> launch.LaunchSpec:
-    """How DeepSpeed's launcher starts the ranks. On one CUDA node, the GPUs CUDA_VISIBLE_DEVICES selects are
-    named (--include): DeepSpeed's --num_gpus would put the ranks on GPUs 0..N-1 whatever it says."""
+    """How DeepSpeed's launcher starts the ranks. On one CUDA node probed live, the GPUs CUDA_VISIBLE_DEVICES
+    selects are named (--include): DeepSpeed's --num_gpus would put the ranks on GPUs 0..N-1 whatever it says.
+    A described host (--host-spec, plan.host.source is its file) is another machine: this machine's selection
+    says nothing about its GPUs, so it is not applied (nor refused) there. The ranks' PYTORCH_ALLOC_CONF is the
+    plan's (Plan.alloc_conf), the setting its CPU estimate counted."""
     import os
 
     from launcher.inspection.host import VISIBLE_DEVICES_ENV, launch_devices
 
     devices = None
-    if plan.host.accelerator == "cuda" and not settings.hostfile:
+    if plan.host.accelerator == "cuda" and plan.host.source == "live" and not settings.hostfile:
         devices = launch_devices(os.environ.get(VISIBLE_DEVICES_ENV), plan.ranks_per_node)
     return launch.LaunchSpec(
         run_spec_path=str(out.resolve() / RUN_SPEC_FILE),
@@ -249,6 +253,7 @@ def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[
         extra_args=launcher_args,
         devices=None if devices is None else devices[0],
         pci_bus_order=devices is not None and devices[1],
+        alloc_conf=plan.alloc_conf,
     )
 
 

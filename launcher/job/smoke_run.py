@@ -140,7 +140,7 @@ def _smoke_job(
     runs at a constant learning rate (no scheduler: see smoke.default_lr)."""
     swap = rundir.run_swap_dir(plan, out)
     prepare.check_nvme_room_for(plan, swap, settings.hostfile)
-    preflight.enforce(plan, swap, fatal=True, warn=warn)
+    preflight.enforce(plan, swap, fatal=True, warn=warn, config=final.config)
     job = prepare.assemble(plan, settings, out, final, blocks, launcher_args)
     rundir.start_over(out, rundir.RESULT_NAMES + (rundir.SMOKE_RESULT, rundir.SMOKE_CHECKPOINT))
     rundir.claim(out, "smoke", rundir.CONFIG_NAMES + rundir.RESULT_NAMES + rundir.SMOKE_NAMES)

@@ -59,17 +59,25 @@ def prepare_run(
     warn: Warn,
 ) -> PreparedRun:
     """Checks in the order that loses nothing, and writes nothing until they pass: whose the run folder is,
-    the host's limits (fatal unless --dry-run), the job (final config, data, tokenizer), whether the
-    checkpoints there may be resumed; then a real run takes the folder's lock (use the result as a context
-    manager: it holds the lock), tokenizes into OUT/cache and checks that the data is the checkpoint's."""
+    the job (final config, data, tokenizer), the host's limits (fatal unless --dry-run; the CUDA toolkit the
+    final config's ops need among them), whether the checkpoints there may be resumed;
+    then a real run takes the folder's lock (use the result as a context manager: it holds the lock),
+    tokenizes into OUT/cache and checks that the data is the checkpoint's."""
     out = output_dir(settings)
     if plan.chosen is None:
         return PreparedRun(plan, None, out)
     ownership = rundir.check_folder(out, "train", settings.force)
     if settings.bind_cores and shutil.which("numactl") is None:
         raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
-    preflight.enforce(plan, rundir.run_swap_dir(plan, out), fatal=not settings.dry_run, warn=warn)
+    swap = rundir.run_swap_dir(plan, out)
     folder = _Folder(out, ownership, settings, warn)
+
+    def before_data(identity: dict, config: dict) -> None:
+        """prepare() has made the final ds_config, read the data's first records and written nothing: the
+        host's checks (a bad input was said first, in one line), then the folder's."""
+        preflight.enforce(plan, swap, fatal=not settings.dry_run, warn=warn, config=config)
+        folder.take(identity)
+
     try:
         job = prepare.prepare(
             plan,
@@ -78,7 +86,7 @@ def prepare_run(
             user=user,
             launcher_args=launcher_args,
             tokenize=not settings.dry_run,
-            before_data=folder.take,
+            before_data=before_data,
         )
         for warning in job.warnings:
             warn(warning)

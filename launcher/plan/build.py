@@ -55,7 +55,30 @@ def build_plan(settings: Settings) -> Plan:
         host = replace(host, nodes=hostfile_nodes(settings.hostfile))
     model = inspect_model(settings.model, trust_remote_code=settings.trust_remote_code, cache_dir=tool_cache_dir())
     rates, aio = host_rates(host, settings.nvme_path, model.hidden_size)
-    return make_plan(model, host, workload(settings), rates, aio)
+    return make_plan(model, host, workload(settings), rates, aio, alloc_conf(host, settings))
+
+
+def installed_torch_version() -> str | None:
+    """The installed torch's version, from its metadata (torch itself is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def alloc_conf(host, settings: Settings) -> str | None:
+    """The PYTORCH_ALLOC_CONF the ranks will get (memory.pinned_alloc_conf): decided once, here, for the plan's
+    estimates and the launch command alike. The ranks run this machine's torch and environment, also when the
+    plan is for a described host (--dry-run of it here); with a hostfile they run on other machines."""
+    import os
+
+    from launcher.plan import memory
+
+    return memory.pinned_alloc_conf(
+        host.accelerator, os.environ, installed_torch_version(), local_ranks=settings.hostfile is None
+    )
 
 
 def host_rates(host, nvme_path: str | None, width: int):

@@ -88,10 +88,10 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         param_buffer_count=PARAM_BUFFER_COUNT,
         param_buffer_size=max(DEFAULT_PARAM_BUFFER_SIZE, aligned_partition_numel(model.largest_param_numel, world)),
         max_in_cpu=MAX_IN_CPU,
-        # templates/zero3.json keeps DeepSpeed's defaults on purpose; the GPU estimate counts the live set
-        # they allow (memory.live_param_bytes), so these must stay equal to the template's values.
-        max_live_parameters=memory.DS_MAX_LIVE_PARAMETERS,
-        max_reuse_distance=memory.DS_MAX_REUSE_DISTANCE,
+        # ZeRO-3's live gathered parameters ([DS-live]): bounded per plan, two of the largest blocks; the ds_config
+        # gets the same numbers (dsconfig._zero_section), so the GPU estimate counts what DeepSpeed keeps.
+        max_live_parameters=memory.zero3_live_parameter_limit(model.layer_params),
+        max_reuse_distance=memory.zero3_live_parameter_limit(model.layer_params),
     )
 
 

@@ -57,6 +57,7 @@ Sources:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.units import GiB
@@ -74,8 +75,8 @@ PROCESS_BASELINE_BYTES_CUDA = 2 * GiB
 GPU_USABLE_FRACTION = 0.90  # allocator fragmentation headroom on the GPU
 CPU_USABLE_FRACTION = 0.85  # leave the OS, page cache and data loader room
 NVME_USABLE_FRACTION = 0.95
-# DeepSpeed's defaults (runtime/zero/config.py), kept on purpose in templates/zero3.json: the live set is
-# bounded by them ([DS-live]) and the GPU estimate counts that bound (live_param_bytes).
+# DeepSpeed's defaults (runtime/zero/config.py): the bound on the live set ([DS-live]) when a config does not
+# set the keys; the planner writes its own per-plan bound (zero3_live_parameter_limit) into every ZeRO-3 config.
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000
 # [torch-host] The allocator setting that stops the power-of-two rounding above 64 MiB. Both keys with the
@@ -89,6 +90,45 @@ PINNED_ROUND_LIMIT_BYTES = PINNED_ROUND_LIMIT_MB * 2**20
 PINNED_ALLOC_CONF = (
     f"pinned_max_round_threshold_mb:{PINNED_ROUND_LIMIT_MB},pinned_max_cached_size_mb:{PINNED_ROUND_LIMIT_MB}"
 )
+# The torch release whose libc10 knows both keys (older ones refuse an unknown key), and the variables a
+# user sets the allocator with (PYTORCH_CUDA_ALLOC_CONF: the older name, still read): a user's setting wins.
+PINNED_ALLOC_CONF_MIN_TORCH = (2, 13)
+ALLOC_CONF_ENVS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as "2.13.0+cu128"; None when unreadable."""
+    parts = (version or "").split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def pinned_alloc_conf(
+    accelerator: str, environ: Mapping[str, str], torch_version: str | None, *, local_ranks: bool = True
+) -> str | None:
+    """The PYTORCH_ALLOC_CONF the ranks get (None: none is set) - the one decision both the estimate
+    (pinned_round_limit) and the launch command (launch.LaunchSpec.alloc_conf) follow. PINNED_ALLOC_CONF
+    when the ranks run CUDA (torch's host allocator rounds only there), with a torch that knows its keys
+    (>= 2.13), where nobody set the allocator already (ALLOC_CONF_ENVS in `environ`: the user's setting is
+    kept, and the estimate keeps torch's default rounding), and the ranks start here (`local_ranks`: with a
+    hostfile DeepSpeed's runner does not export PYTORCH_* variables to the other hosts, runner.py
+    EXPORT_ENVS, and their torch is unknown)."""
+    if accelerator != "cuda" or not local_ranks:
+        return None
+    if any(name in environ for name in ALLOC_CONF_ENVS):
+        return None
+    release = _release(torch_version)
+    if release is None or release < PINNED_ALLOC_CONF_MIN_TORCH:
+        return None
+    return PINNED_ALLOC_CONF
+
+
+def pinned_round_limit(alloc_conf: str | None) -> int | None:
+    """estimate(pinned_round_limit=...) for the ranks' PYTORCH_ALLOC_CONF: PINNED_ROUND_LIMIT_BYTES exactly
+    when they run with PINNED_ALLOC_CONF, else None (torch's default rounding)."""
+    return PINNED_ROUND_LIMIT_BYTES if alloc_conf == PINNED_ALLOC_CONF else None
 
 
 @dataclass(frozen=True)
@@ -221,7 +261,8 @@ def zero3_live_parameter_limit(layer_params: int) -> int:
     """A per-plan stage3_max_live_parameters / stage3_max_reuse_distance ([DS-live]): two of the largest
     blocks - the one in use and the next one prefetched; with activation checkpointing a block's params are
     used again (backward) within about two blocks of their recompute, so they are kept, not re-gathered -
-    never above DeepSpeed's default. Not yet written to the ds_config: see capacity.size_buckets."""
+    never above DeepSpeed's default. capacity.size_buckets sizes both keys with it and dsconfig writes them,
+    so the live set the estimate counts is the one DeepSpeed keeps."""
     return min(DS_MAX_LIVE_PARAMETERS, 2 * layer_params)
 
 

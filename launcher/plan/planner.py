@@ -105,6 +105,9 @@ class Plan:
     rates: Rates
     advice: dict | None = None  # batch advice when offload dominates the step
     aio: dict | None = None  # the aio settings a probe found best on this host (None: template defaults)
+    # PYTORCH_ALLOC_CONF the ranks get (memory.pinned_alloc_conf; None: none): the estimates count torch's
+    # pinned-buffer rounding as it sets it, and the launch command sets it (prepare.launch_spec)
+    alloc_conf: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -164,11 +167,14 @@ def estimate_candidate(
     ranks: int,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
+    alloc_conf: str | None = None,
 ) -> Candidate:
-    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice)."""
+    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). `alloc_conf`:
+    the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers."""
     micro_batch = micro_batch or workload.micro_batch
     grad_accum = grad_accum or workload.grad_accum
     buckets = size_buckets(model, host, strategy, world, ranks)
+    pinned = pins_host_memory(strategy, host)
     estimate = memory.estimate(
         model_shape(model, buckets),
         strategy,
@@ -179,6 +185,9 @@ def estimate_candidate(
         micro_batch=micro_batch,
         checkpointing=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
+        pin_memory=pinned,
+        pinned_round_limit=memory.pinned_round_limit(alloc_conf),
+        grad_accum=grad_accum,
     )
     step = timing.estimate_step(
         model.params,
@@ -192,16 +201,22 @@ def estimate_candidate(
         recompute=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
         compute_params=model.compute_params,
-        pinned=pins_host_memory(strategy, host),
+        pinned=pinned,
     )
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 
 
 def make_plan(
-    model: ModelProfile, host: HostProfile, workload: Workload, rates: Rates | None = None, aio: dict | None = None
+    model: ModelProfile,
+    host: HostProfile,
+    workload: Workload,
+    rates: Rates | None = None,
+    aio: dict | None = None,
+    alloc_conf: str | None = None,
 ) -> Plan:
     """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
-    framework's order). `rates` default to the host's described or nominal figures."""
+    framework's order). `rates` default to the host's described or nominal figures; `alloc_conf` is the
+    PYTORCH_ALLOC_CONF the ranks will get (memory.pinned_alloc_conf decides it; None: torch's defaults)."""
     if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
         raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
     if rates is None:
@@ -214,7 +229,7 @@ def make_plan(
     world = ranks * host.nodes
 
     candidates = [
-        estimate_candidate(model, host, workload, strategy, rates, world, ranks)
+        estimate_candidate(model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf)
         for strategy in CANDIDATE_ORDER
         if workload.allows(strategy)
     ]
@@ -234,7 +249,7 @@ def make_plan(
     if chosen is not None:
         pin, pin_warning = decide_pin_memory(chosen, host, ranks)
         warnings += pin_warning
-        advice = batch_advice(model, host, workload, chosen, rates, world, ranks)
+        advice = batch_advice(model, host, workload, chosen, rates, world, ranks, alloc_conf)
     return Plan(
         model,
         host,
@@ -249,11 +264,19 @@ def make_plan(
         rates,
         advice,
         aio,
+        alloc_conf,
     )
 
 
 def batch_advice(
-    model, host, workload: Workload, chosen: Candidate, rates: Rates, world: int, ranks: int
+    model,
+    host,
+    workload: Workload,
+    chosen: Candidate,
+    rates: Rates,
+    world: int,
+    ranks: int,
+    alloc_conf: str | None = None,
 ) -> dict | None:
     """When offload dominates (seeds: "the batch size decides"), the accumulation - and the micro-batch,
     if memory allows - that brings the offload overhead under 10 %, with tokens/s either way."""
@@ -271,7 +294,9 @@ def batch_advice(
         (None when it never gets there, or when the batch stops fitting in memory)."""
         value = start * 2
         while value <= limit:
-            trial = estimate_candidate(model, host, workload, chosen.strategy, rates, world, ranks, **{name: value})
+            trial = estimate_candidate(
+                model, host, workload, chosen.strategy, rates, world, ranks, alloc_conf=alloc_conf, **{name: value}
+            )
             if not trial.fits:
                 return None
             if trial.timing.offload_overhead_fraction <= OVERHEAD_TARGET:
@@ -340,7 +365,7 @@ def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
 
 def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[str], list[str]]:
     reasons: list[str] = []
-    warnings: list[str] = []
+    warnings: list[str] = list(host.warnings)  # what inspecting the host found (another process on a GPU ...)
     device = "GPU" if host.has_gpu else "CPU-accelerator rank"
     if not host.has_gpu:
         reasons.append("no GPU: planning for DeepSpeed's CPU accelerator; device memory is CPU RAM")

@@ -19,6 +19,7 @@ from launcher import settings
 from launcher.cli import cli
 from launcher.inspection import host as host_module
 from launcher.job import launch
+from launcher.plan import build as build_module
 from launcher.plan.build import build_plan
 from launcher.units import GB
 from tests.helpers import REPO, host_path, save_config, tiny_llama_config
@@ -51,6 +52,9 @@ class Case:
     nvme_free_bytes: int | None = None  # free space the NVMe folder reports (a small drive)
     stdout: tuple[str, ...] = field(default=())  # exit 3: the numbers in the candidates table
     max_seconds: float = 60  # generous: the first case in a process pays for importing torch and transformers
+    # the torch the ranks would run (build.installed_torch_version; None: this machine's): from 2.13 a CUDA plan
+    # sets memory.PINNED_ALLOC_CONF and counts pinned buffers unrounded, before it torch's power-of-two rounding
+    torch: str | None = None
 
 
 MODEL = ("--model", "model")
@@ -140,13 +144,27 @@ CASES = [
         ("--model", "meta-llama/Llama-2-70b-hf", "--offload-optimizer", "nvme", "--nvme-path", "nvme"),
         (
             "--nvme-path nvme has 9.3 GiB free",
-            "ZeRO-3 + opt->nvme",
-            # param->cpu no longer fits 512 GiB: the pinned flat 16-bit params and gradients round to 256 GiB each
-            "needs 1.1 TiB of swap files",
+            # torch 2.13: the pinned buffers are not rounded, params fit 512 GiB of RAM; the optimizer's swap files
+            "ZeRO-3 + opt->nvme + param->cpu needs 1.0 TiB of swap files",
+            "at least 1.1 TiB free",
+        ),
+        host="1x-a100-80g",
+        nvme_free_bytes=10 * GB,
+        torch="2.13.0",
+    ),
+    Case(
+        "nvme-too-small-rounded",
+        ("--model", "meta-llama/Llama-2-70b-hf", "--offload-optimizer", "nvme", "--nvme-path", "nvme"),
+        (
+            "--nvme-path nvme has 9.3 GiB free",
+            # older torch rounds the pinned buffers: param->cpu no longer fits 512 GiB (the flat 16-bit params
+            # and gradients, 128.5 GiB each, round to 256 GiB each), so the params swap too
+            "ZeRO-3 + opt->nvme + param->nvme needs 1.1 TiB of swap files",
             "at least 1.2 TiB free",
         ),
         host="1x-a100-80g",
         nvme_free_bytes=10 * GB,
+        torch="2.12.0",
     ),
     # ... and on this machine the plan itself measures the folder: nothing fits (exit 3), the table says why
     Case(
@@ -331,6 +349,8 @@ def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_proces
     if case.nvme_free_bytes is not None:  # a small drive; DeepSpeed's async_io is asked in a child process
         monkeypatch.setattr(host_module, "disk_free_bytes", lambda _path: case.nvme_free_bytes)
         monkeypatch.setattr(host_module, "aio_usable", lambda: True)
+    if case.torch is not None:
+        monkeypatch.setattr(build_module, "installed_torch_version", lambda: case.torch)
     if case.id == "nvme-not-writable" and os.geteuid() == 0:  # root writes anywhere: a folder it may not
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda p, m: False if Path(p).name == "read-only" else real_access(p, m))

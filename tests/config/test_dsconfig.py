@@ -85,7 +85,10 @@ def test_cpu_only_host_config_passes(tiny_llama_dir):
 
 @pytest.fixture
 def good_config(llama7b):
-    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g")), Workload())
+    """A ZeRO-2 CPU-offload config: 7B on one 24 GB GPU with 192 GB RAM (on 128 GB the optimizer no longer fits
+    in CPU RAM and goes to NVMe under ZeRO-3, where the partial-offload `ratio` below would be allowed)."""
+    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
+    assert plan.chosen.strategy.label == "ZeRO-2 + opt->cpu"
     return dsconfig.render(plan)
 
 

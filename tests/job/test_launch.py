@@ -187,6 +187,25 @@ def dry_run(tmp_path, tiny_llama_dir, host: str, *args: str):
     )
 
 
+def live_launch(tmp_path, tiny_llama_dir, host: str, **typed) -> launch.LaunchSpec:
+    """prepare.launch_spec for a plan made for `host` as if this machine had been probed live with it (the
+    CUDA host a GPU-less test machine cannot be)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from launcher import settings
+    from launcher.job import prepare
+    from launcher.plan.build import build_plan
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    base = {"model": str(tiny_llama_dir), "data": str(data), "output_dir": str(tmp_path / "out")}
+    chosen = settings.layer({**base, "host_spec": host_path(host), **typed})
+    plan = build_plan(chosen)
+    plan = replace(plan, host=replace(plan.host, source="live"))
+    return prepare.launch_spec(plan, chosen, Path(chosen.output_dir), ())
+
+
 def test_cuda_visible_devices_become_deepspeeds_include(tmp_path, tiny_llama_dir, monkeypatch):
     """DeepSpeed's runner drops CUDA_VISIBLE_DEVICES when --num_gpus is given and uses GPUs 0..N-1; the
     selection must reach it as --include, without --num_gpus/--num_nodes (which it refuses beside it)."""
@@ -195,10 +214,24 @@ def test_cuda_visible_devices_become_deepspeeds_include(tmp_path, tiny_llama_dir
     assert "--num_gpus" not in argv and "--num_nodes" not in argv
     assert "DS_ACCELERATOR" not in env and "CUDA_DEVICE_ORDER" not in env
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g", "--num-gpus", "2")
+    live = live_launch(tmp_path, tiny_llama_dir, "4x-a100-40g", num_gpus=2)
+    assert live.devices == (1, 3) and not live.pci_bus_order
+    argv, _ = launch.build_command(live)
+    assert "--include" in argv and argv[argv.index("--include") + 1] == "localhost:1,3"
+    assert "--num_gpus" not in argv and "--num_nodes" not in argv
+
+
+def test_a_described_host_is_not_given_this_machines_gpu_selection(tmp_path, tiny_llama_dir, monkeypatch):
+    """--host-spec describes another machine: this machine's CUDA_VISIBLE_DEVICES neither selects its GPUs nor
+    refuses its plan (a dry run of a 4-GPU host from a laptop with one GPU selected is a plan, not a launch)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g")  # 4 ranks, 2 GPUs selected here
     assert result.exit_code == 0, result.output
-    assert "--include localhost:1,3 --master_port" in result.output
-    assert "--num_gpus" not in result.output and "--num_nodes" not in result.output
+    assert "--num_nodes 1 --num_gpus 4 --master_port" in result.output and "--include" not in result.output
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = dry_run(tmp_path, tiny_llama_dir, "1x-a100-40g")
+    assert result.exit_code == 0, result.output
+    assert "--num_nodes 1 --num_gpus 1 --master_port" in result.output
 
 
 def test_gpus_named_by_uuid_are_included_by_pci_bus_index():
@@ -225,12 +258,20 @@ def test_a_device_selection_leaves_the_cpu_accelerator_and_hostfiles_unchanged(t
 
 
 def test_a_selection_too_small_for_the_plan_is_refused(tmp_path, tiny_llama_dir, monkeypatch):
+    from launcher.errors import UserInputError
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    result = dry_run(tmp_path, tiny_llama_dir, "4x-a100-40g")  # the described host's 4 GPUs, 4 ranks
-    assert result.exit_code != 0 and "selects 2 GPU(s), but the plan is for 4 rank(s)" in result.output
+    with pytest.raises(UserInputError, match=r"selects 2 GPU\(s\), but the plan is for 4 rank\(s\)"):
+        live_launch(tmp_path, tiny_llama_dir, "4x-a100-40g")  # this machine's 4 GPUs, 4 ranks
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    result = dry_run(tmp_path, tiny_llama_dir, "1x-a100-40g")
-    assert result.exit_code != 0 and "leaves no GPU visible" in result.output
+    with pytest.raises(UserInputError, match="leaves no GPU visible"):
+        live_launch(tmp_path, tiny_llama_dir, "1x-a100-40g")
+
+
+def test_the_conftest_keeps_this_machines_gpu_selection_out_of_the_tests():
+    import os
+
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ
 
 
 def test_the_runner_is_started_without_cuda_visible_devices_when_include_names_them():

@@ -17,7 +17,7 @@ from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.job import preflight
 from launcher.plan.planner import Workload, make_plan
-from tests.helpers import host_path
+from tests.helpers import REPO, host_path
 
 
 def live(plan, **host_changes):
@@ -177,11 +177,14 @@ def test_shm_too_small_for_cpu_ranks(tiny_llama_dir, small_shm):
     assert "2 ranks on this node need 132.0 MiB" in shm.message and "--shm-size=1g" in shm.message
 
 
-def test_real_run_stops_on_a_failed_check_before_writing_anything(tiny_llama_dir, small_shm, tmp_path):
+def test_real_run_stops_on_a_failed_check_before_writing_anything(small_shm, tmp_path):
+    """The host's checks come after the inputs' (the model with its tokenizer and the data read fine here),
+    and before anything is written."""
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"text": "hello"}) + "\n")
     out = tmp_path / "out"
-    args = ["--model", str(tiny_llama_dir), "--data", str(data), "--output-dir", str(out), "--num-gpus", "2"]
+    model = REPO / "launcher" / "demo" / "tiny-llama"
+    args = ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--num-gpus", "2"]
     result = CliRunner().invoke(cli, [*args, "--seq-len", "64"])
     assert result.exit_code == 2, result.output
     assert "/dev/shm has" in result.output and "shared-memory communication" in result.output

@@ -42,18 +42,33 @@ def test_sub_group_size_sized_to_the_host(write_host):
     assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 64 * 2**30
 
 
-def test_zero3_template_live_parameters_are_what_the_estimate_counts(llama70b):
-    """templates/zero3.json keeps DeepSpeed's defaults; the sized buckets carry the same numbers, so the GPU
-    estimate ([DS-live]) and the ds_config agree."""
+def test_zero3_live_parameters_are_sized_per_plan_and_written_as_counted(llama70b):
+    """The ds_config's stage3_max_live_parameters / stage3_max_reuse_distance are the sized buckets' numbers,
+    two of the model's largest blocks (memory.zero3_live_parameter_limit), and the GPU estimate ([DS-live])
+    counts exactly that bound: prediction and config agree. The template sets neither key."""
     import json
 
+    from launcher.config import dsconfig
     from launcher.plan import memory
     from launcher.resources import resource_path
 
-    zero = json.loads((resource_path("templates") / "zero3.json").read_text())["zero_optimization"]
-    plan = plan_for(llama70b, "8x-h100-80g", zero_stage="3")
-    buckets = plan.chosen.buckets
-    assert zero["stage3_max_live_parameters"] == buckets.max_live_parameters == memory.DS_MAX_LIVE_PARAMETERS
-    assert zero["stage3_max_reuse_distance"] == buckets.max_reuse_distance == memory.DS_MAX_REUSE_DISTANCE
-    live = plan.chosen.memory.gpu_terms["live parameters"]
-    assert live == 2 * (max(buckets.max_live_parameters, buckets.max_reuse_distance) + 2 * llama70b.largest_param_numel)
+    template = json.loads((resource_path("templates") / "zero3.json").read_text())["zero_optimization"]
+    assert "stage3_max_live_parameters" not in template and "stage3_max_reuse_distance" not in template
+    llama7b = inspect_model("meta-llama/Llama-2-7b-hf")
+    # 7B: two blocks of 202 M, under DeepSpeed's 1e9; 70B: two blocks of 856 M, capped at DeepSpeed's 1e9
+    for model, limit in ((llama7b, 2 * llama7b.layer_params), (llama70b, memory.DS_MAX_LIVE_PARAMETERS)):
+        assert limit == min(2 * model.layer_params, 10**9)
+        plan = plan_for(model, "8x-h100-80g", zero_stage="3")
+        buckets = plan.chosen.buckets
+        assert buckets.max_live_parameters == buckets.max_reuse_distance == limit
+        zero = dsconfig.render(plan)["zero_optimization"]
+        assert zero["stage3_max_live_parameters"] == zero["stage3_max_reuse_distance"] == limit
+        live = plan.chosen.memory.gpu_terms["live parameters"]
+        assert live == 2 * (limit + 2 * model.largest_param_numel)
+
+
+def test_zero3_live_limit_never_exceeds_deepspeeds_default():
+    from launcher.plan import memory
+
+    assert memory.zero3_live_parameter_limit(10**9) == memory.DS_MAX_LIVE_PARAMETERS
+    assert memory.zero3_live_parameter_limit(1000) == 2000

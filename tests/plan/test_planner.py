@@ -38,12 +38,24 @@ def test_1_to_4_gpus_that_fit_zero3_get_zero3(llama7b):
     assert [c.strategy.label for c in plan.candidates if not c.fits][:2] == ["ZeRO-1", "ZeRO-2"]
 
 
-@pytest.mark.parametrize("host", ["1x-rtx4090-24g", "2x-rtx4090-24g", "1x-a100-80g"])
+@pytest.mark.parametrize("host", ["1x-rtx4090-24g-192g", "1x-a100-80g"])
 def test_1_to_2_gpus_that_do_not_fit_get_cpu_offload(llama7b, host):
     plan = plan_for(llama7b, host)
     assert plan.chosen.strategy.offload_optimizer == "cpu"
     assert plan.chosen.strategy.offload_param == "none"
     assert any("DeepSpeedCPUAdam" in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize("host", ["1x-rtx4090-24g", "2x-rtx4090-24g"])
+def test_7b_optimizer_offload_does_not_fit_128gb_of_ram(llama7b, host):
+    """7B with the optimizer in CPU RAM: fp32 states 12 B + fp32 gradients 4 B + DeepSpeed's pinned 16-bit
+    staging copy 2 B per param (stage_1_and_2.py, [DS-pin]) per node - over the 108.8 GiB 128 GiB leaves
+    usable; the optimizer goes to NVMe instead."""
+    plan = plan_for(llama7b, host)
+    zero2 = next(c for c in plan.candidates if c.strategy.label == "ZeRO-2 + opt->cpu")
+    assert not zero2.fits and any("CPU RAM needs" in p for p in zero2.problems)
+    assert zero2.memory.cpu_bytes >= 18 * llama7b.params
+    assert plan.chosen.strategy.offload_optimizer == "nvme"
 
 
 def test_one_gpu_and_a_model_too_big_for_ram_goes_to_nvme(llama70b):
@@ -121,14 +133,20 @@ def test_low_memlock_with_nvme_offload_warns_about_the_locked_swap_buffers(llama
         "nvme: {path: /mnt/nvme, free: 2TiB}\n"
     )
     plan = plan_for(llama70b, text, write_host)
-    assert plan.chosen.strategy.offload_optimizer == "nvme" and plan.pin_memory is True
+    # with torch's default pinned rounding (no alloc_conf), param->cpu needs 537.5 GiB of CPU RAM (its pinned
+    # flat 16-bit params and gradients, 128.5 GiB each, round to 256 GiB) > 435.2 GiB usable: params swap too
+    assert plan.chosen.strategy.label == "ZeRO-3 + opt->nvme + param->nvme" and plan.pin_memory is True
     from launcher.plan.planner import locked_swap_bytes_per_rank
 
     need = locked_swap_bytes_per_rank(plan.chosen, plan.ranks_per_node)
     buckets, shape = plan.chosen.buckets, plan.chosen.memory.cpu_terms
     # buffer_count fp32 sub-group buffers are mlocked; memory.py's extra gradient buffer is not
     count = buckets.optimizer_buffer_count
-    assert need == shape["optimizer swap buffers (pinned)"] * count // (count + 1) > 0
+    optimizer = shape["optimizer swap buffers (pinned)"] * count // (count + 1)
+    # the parameter swapper locks param_buffer_count fp16 buffers of param_buffer_size elements, whole
+    params = buckets.param_buffer_count * buckets.param_buffer_size * 2
+    assert params == shape["param swap buffers (pinned)"]
+    assert need == optimizer + params and optimizer > 0 and params > 0
     warning = next(w for w in plan.warnings if "memlock" in w)
     assert "NVMe swap buffers DeepSpeed mlocks per rank" in warning and "ulimit -l unlimited" in warning
 

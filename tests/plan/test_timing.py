@@ -93,13 +93,16 @@ def llama7b():
 
 
 def test_time_beats_the_fixed_order(llama7b, write_host):
-    # 8 GiB GPU: parameters must leave it. 130 GiB RAM: the optimizer fits on CPU (16 B/param) but not with
-    # the parameters too (18 B/param). Order says opt->nvme + param->cpu first; it swaps 16 B/param to NVMe
-    # every step, so opt->cpu + param->nvme is faster.
+    # 8 GiB GPU: parameters must leave it. 180 GiB RAM (153 GiB usable): the optimizer fits on CPU (opt->cpu +
+    # param->nvme needs 148.6 GiB: 16 B/param of fp32 states and gradients, DeepSpeed's 16-bit gradient partition
+    # and torch's power-of-two rounding of the pinned buffers) but not with the parameters too (161.3 GiB). Order says
+    # opt->nvme + param->cpu first; it swaps 16 B/param to NVMe every step, so opt->cpu + param->nvme is faster.
     host = load_host_spec(
-        write_host("gpus: {count: 1, memory: 8GiB}\ncpu_memory: 130GiB\nnvme: {path: /n, free: 2TB}\n")
+        write_host("gpus: {count: 1, memory: 8GiB}\ncpu_memory: 180GiB\nnvme: {path: /n, free: 2TB}\n")
     )
     plan = make_plan(llama7b, host, Workload())
+    both = next(c for c in plan.candidates if c.strategy.label == "ZeRO-3 + opt->cpu + param->cpu")
+    assert not both.fits and any("CPU RAM needs" in p for p in both.problems)
     labels = [c.strategy.label for c in plan.candidates if c.fits]
     assert labels.index("ZeRO-3 + opt->nvme + param->cpu") < labels.index("ZeRO-3 + opt->cpu + param->nvme")
     assert plan.chosen.strategy.label == "ZeRO-3 + opt->cpu + param->nvme"
@@ -107,10 +110,12 @@ def test_time_beats_the_fixed_order(llama7b, write_host):
 
 
 def test_ties_keep_the_framework_order(llama7b):
-    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g")), Workload())
+    # 192 GB RAM: both opt->cpu candidates fit (on 128 GB neither does and the optimizer goes to NVMe)
+    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
     zero2, zero3 = (
         next(c for c in plan.candidates if c.strategy == s) for s in (Strategy(2, "cpu"), Strategy(3, "cpu"))
     )
+    assert zero2.fits and zero3.fits
     assert zero2.timing.step_seconds == pytest.approx(zero3.timing.step_seconds)
     assert plan.chosen is zero2
 
