@@ -7,6 +7,7 @@ Only a live host is checked: a described host is, by definition, some other mach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -139,12 +140,10 @@ CAP_IPC_LOCK = 14  # linux/capability.h: mlock past RLIMIT_MEMLOCK (mm/mlock.c c
 def _can_lock_unlimited() -> bool:
     """A process with CAP_IPC_LOCK in its effective set (root outside a container) is not bound by the limit;
     the ranks inherit this process's capabilities."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):  # unreadable: assume the limit binds
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("CapEff:"):
                 return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
-    except (OSError, ValueError, IndexError):
-        pass
     return False
 
 

@@ -340,7 +340,8 @@ class GpuMemory:
 def nvml_handle(torch, device) -> tuple[object, object]:
     """(pynvml, the NVML handle of `device`) matched by UUID (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
     renumber devices, NVML does not); (None, None) without NVML or a match (a MIG slice, for one)."""
-    try:
+    # no NVML, no driver or no UUID (any NVMLError, ImportError, ...): the caller falls back to total - free
+    with contextlib.suppress(Exception):
         import pynvml
 
         pynvml.nvmlInit()
@@ -350,8 +351,6 @@ def nvml_handle(torch, device) -> tuple[object, object]:
             name = pynvml.nvmlDeviceGetUUID(handle)
             if (name.decode() if isinstance(name, bytes) else str(name)).endswith(uuid):
                 return pynvml, handle
-    except Exception:  # noqa: BLE001 - no NVML (or no UUID): fall back to the device's total - free
-        pass
     return None, None
 
 
