@@ -153,6 +153,8 @@ def _entries(out: Path) -> list[str]:
         return []
     except NotADirectoryError:
         raise UserInputError(f"--output-dir {out} is a file, not a folder; pass a folder") from None
+    except PermissionError:
+        raise UserInputError(f"cannot read --output-dir {out} (permission denied); pass a folder you own") from None
 
 
 def _free(out: Path, name: str) -> bool:
@@ -161,7 +163,7 @@ def _free(out: Path, name: str) -> bool:
     path = out / name
     if name == LOCK_FILE:
         return True
-    return name in TOOL_NAMES and path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    return name in TOOL_NAMES and path.is_dir() and not path.is_symlink() and not _entries(path)
 
 
 def _named(names: list[str]) -> str:
@@ -171,11 +173,11 @@ def _named(names: list[str]) -> str:
 
 @dataclass
 class Ownership:
-    """What check_folder found: the marker (None for a new or empty folder, or one to adopt with --force)."""
+    """What check_folder found: the marker (None for a new or empty folder, or one taken with --force, whose
+    marker the run writes when it claims it) and what to tell the user once the run goes ahead."""
 
     out: Path
     marker: dict | None
-    adopt: bool = False  # a foreign folder taken with --force: the marker is written when the run writes
     messages: list[str] = field(default_factory=list)
 
 
@@ -200,7 +202,7 @@ def check_folder(out: Path, kind: str, force: bool) -> Ownership:
                 f"offload-launch writes, holding files it did not write; move {'it' if len(taken) == 1 else 'them'} "
                 "or pass another --output-dir"
             )
-        return Ownership(out, None, adopt=True, messages=[f"--force: running in {out} beside {_named(entries)}"])
+        return Ownership(out, None, messages=[f"--force: running in {out} beside {_named(entries)}"])
     if marker is not None and kind == "smoke" and marker["kind"] == "train" and not force:
         raise UserInputError(
             f"{out} holds a training run, which a smoke test would erase; pass another --output-dir "

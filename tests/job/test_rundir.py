@@ -80,7 +80,7 @@ def test_a_folder_the_tool_did_not_make_is_refused_naming_what_it_holds(tmp_path
     with pytest.raises(UserInputError, match=refused):
         rundir.check_folder(out, "train", force=False)
     forced = rundir.check_folder(out, "train", force=True)
-    assert forced.adopt and "beside a.txt" in forced.messages[0]
+    assert forced.marker is None and "beside a.txt" in forced.messages[0]
 
 
 def test_force_still_refuses_when_a_name_the_tool_writes_holds_somebody_elses_files(tmp_path):
