@@ -315,3 +315,19 @@ def test_deepspeeds_runner_puts_the_ranks_on_the_selected_gpus(monkeypatch, devi
     world = next(a for a in cmd if a.startswith("--world_info="))
     assert json_module.loads(base64.urlsafe_b64decode(world.split("=", 1)[1])) == {"localhost": expected}
     assert "CUDA_VISIBLE_DEVICES" not in env  # the runner deleted it: launch.py sets it per rank from the world
+
+
+def test_the_ranks_get_the_allocator_setting_the_plan_counted():
+    from launcher.plan import memory
+
+    spec = launch.LaunchSpec(
+        run_spec_path="/o/run_spec.json",
+        ranks_per_node=1,
+        accelerator="cuda",
+        cpu_cores=8,
+        master_port=29500,
+        alloc_conf=memory.PINNED_ALLOC_CONF,
+    )
+    assert launch.build_command(spec)[1]["PYTORCH_ALLOC_CONF"] == memory.PINNED_ALLOC_CONF
+    unset = launch.build_command(launch.LaunchSpec("/o/run_spec.json", 1, "cuda", 8, 29500))[1]
+    assert "PYTORCH_ALLOC_CONF" not in unset

@@ -318,3 +318,24 @@ def test_live_parameters_never_exceed_the_partitioned_model():
 def test_per_plan_live_parameter_limit_is_two_blocks_at_most_deepspeeds_default():
     assert memory.zero3_live_parameter_limit(202_383_360) == 404_766_720  # Llama-2-7B block
     assert memory.zero3_live_parameter_limit(855_654_400) == 10**9  # Llama-2-70B: DeepSpeed's default
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "environ", "torch", "local", "expected"),
+    [
+        ("cuda", {}, "2.13.0+cu128", True, memory.PINNED_ALLOC_CONF),  # the one case torch is told
+        ("cuda", {}, "2.14.1", True, memory.PINNED_ALLOC_CONF),
+        ("cuda", {}, "2.12.0+cu124", True, None),  # the keys do not exist before 2.13
+        ("cuda", {}, "garbage", True, None),
+        ("cuda", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "2.13.0", True, None),  # the user's wins
+        ("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "x"}, "2.13.0", True, None),
+        ("cuda", {}, "2.13.0", False, None),  # --hostfile: other machines, their torch unknown
+        ("cpu", {}, "2.13.0", True, None),  # no CUDA host allocator
+    ],
+)
+def test_the_allocator_setting_is_one_decision_for_the_estimate_and_the_ranks(
+    accelerator, environ, torch, local, expected
+):
+    conf = memory.pinned_alloc_conf(accelerator, environ, torch, local_ranks=local)
+    assert conf == expected
+    assert memory.pinned_round_limit(conf) == (memory.PINNED_ROUND_LIMIT_BYTES if expected else None)
