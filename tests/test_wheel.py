@@ -110,7 +110,7 @@ def test_fresh_venv_imports_launcher_from_the_wheel(fresh: dict):
 
 
 def test_installed_tool_plans_a_described_host_offline(fresh: dict):
-    host = fresh["site"] / "launcher" / "recipes" / "hosts" / "1x-rtx4090-24g.yaml"
+    host = fresh["site"] / "launcher" / "recipes" / "hosts" / "1x-rtx4090-24g-192g.yaml"
     data = run_tool(fresh, "--model", "meta-llama/Llama-2-7b", "--host-spec", str(host), "--dry-run", "--json")
     assert data["model"]["params"] == 6_738_415_616  # from the bundled config inside the wheel
     assert data["strategy"]["label"] == "ZeRO-2 + opt->cpu"
@@ -120,4 +120,5 @@ def test_installed_tool_plans_a_described_host_offline(fresh: dict):
 def test_installed_tool_runs_a_bundled_recipe(fresh: dict):
     data = run_tool(fresh, "--recipe", "llama2-7b-1x24g", "--dry-run", "--json")
     assert data["strategy"]["label"] == recipes.find("llama2-7b-1x24g").expect["strategy"] == "ZeRO-2 + opt->cpu"
-    assert data["host"]["source"] == str(fresh["site"] / "launcher" / "recipes" / "hosts" / "1x-rtx4090-24g.yaml")
+    hosts = fresh["site"] / "launcher" / "recipes" / "hosts"
+    assert data["host"]["source"] == str(hosts / "1x-rtx4090-24g-192g.yaml")

@@ -34,7 +34,14 @@ def started(out: Path, tiny_model, data, *extra: str) -> subprocess.Popen:
         text=True,
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
         cwd=REPO,
+        preexec_fn=interruptible,
     )
+
+
+def interruptible() -> None:
+    """As at a terminal: SIGINT at its default, which Python turns into KeyboardInterrupt. A test suite started
+    in the background (`make test &`, some CI runners) inherits SIGINT ignored, and Python keeps it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition, proc: subprocess.Popen, what: str, seconds: float = 600) -> None:
