@@ -1,12 +1,12 @@
-"""Live host inspection: probe this machine (GPUs, RAM, CPU, memlock, /dev/shm, the NVMe folder, DeepSpeed's
-ops) into a HostProfile (hostprofile.py), and check the folder swap files will go to before a run.
+"""Live host inspection: probe this machine (GPUs through cuda_devices.py, RAM, CPU, memlock, /dev/shm, the NVMe
+folder, DeepSpeed's ops) into a HostProfile (hostprofile.py), and check the folder swap files will go to before a
+run.
 
 A described host (`--host-spec`) gives the same HostProfile without touching this machine: hostspec.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -18,320 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserInputError
-from launcher.inspection.hostprofile import GpuSpec, HostProfile, NvmeSpec
+from launcher.inspection.cuda_devices import inspect_visible_gpus
+from launcher.inspection.hostprofile import HostProfile, NvmeSpec
 
 __all__ = [
-    "CudaDevice",
-    "GpuInspection",
     "aio_usable",
     "check_nvme_folder",
     "check_nvme_room",
     "disk_free_bytes",
     "op_usable",
-    "inspect_gpus",
     "inspect_host",
-    "launch_devices",
     "inspect_nvme",
     "memory_backed_mount",
     "mount_of",
-    "nvml_devices",
     "parse_mountinfo",
-    "parse_visible_devices",
-    "select_devices",
 ]
 
 MOUNTINFO = "/proc/self/mountinfo"
 # File systems whose files live in RAM (or swap): "NVMe" there is the memory the plan already counts as CPU RAM.
 MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "rootfs"})
-
-
-VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
-# Memory other processes hold on a selected GPU beyond this is worth a warning when NVML cannot list them.
-HELD_MEMORY_WARNING_BYTES = 512 * 2**20
-
-
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it (mirrors torch.cuda._parse_visible_devices): None when unset (every
-    device is visible); [] for the empty string (none is). Indices are read like strtoul ("1gpu2" is 1) and a
-    negative or unreadable entry ends the list; a list that starts with GPU- or MIG- holds UUIDs (or unique UUID
-    prefixes) and ends at the first entry without that prefix; a repeated entry makes the whole list empty."""
-    if value is None:
-        return None
-    for prefix in ("GPU-", "MIG-"):
-        if value.startswith(prefix):
-            uuids: list[str] = []
-            for element in value.split(","):
-                element = element.strip()
-                if element in uuids:
-                    return []
-                if not element.startswith(prefix):
-                    break
-                uuids.append(element)
-            return uuids
-    indices: list[str] = []
-    for element in value.split(","):
-        digits = re.match(r"\+?\d+", element.strip())
-        if digits is None:
-            break
-        index = str(int(digits[0]))
-        if index in indices:
-            return []
-        indices.append(index)
-    return indices
-
-
-@dataclass(frozen=True)
-class CudaDevice:
-    """One device a CUDA process can be given: a whole GPU, or a MIG instance of a GPU in MIG mode."""
-
-    index: int  # the physical GPU's NVML index (PCI bus order): what DeepSpeed's --include localhost:IDS names
-    uuid: str  # GPU-... for a whole GPU, MIG-... for a MIG instance
-    name: str
-    total_bytes: int
-    free_bytes: int
-    handle: object  # NVML handle of the device (the MIG device handle for an instance)
-    parent: object  # NVML handle of the physical GPU (itself for a whole GPU)
-    parent_uuid: str  # the physical GPU's GPU-... UUID
-    mig: bool = False
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _memory(nvml, handle) -> tuple[int, int]:
-    """(total, free) bytes. The v2 query (driver >= 510) counts the driver's reserved memory apart from `used`;
-    `free` means the same in both: what a new allocation can still get."""
-    try:
-        info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
-    except (nvml.NVMLError, AttributeError, TypeError):
-        info = nvml.nvmlDeviceGetMemoryInfo(handle)
-    return int(info.total), int(info.free)
-
-
-def _mig_enabled(nvml, handle) -> bool:
-    try:
-        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-    except nvml.NVMLError:  # NotSupported: a GPU without MIG
-        return False
-    return current == nvml.NVML_DEVICE_MIG_ENABLE
-
-
-def nvml_devices(nvml) -> list[CudaDevice]:
-    """Every device NVML shows, in NVML order: a whole GPU as itself, a GPU in MIG mode as its MIG instances
-    (each with its own memory), never as the whole GPU, which no CUDA process can use as one device."""
-    devices = []
-    for index in range(nvml.nvmlDeviceGetCount()):
-        gpu = nvml.nvmlDeviceGetHandleByIndex(index)
-        if not _mig_enabled(nvml, gpu):
-            total, free = _memory(nvml, gpu)
-            name, uuid = _text(nvml.nvmlDeviceGetName(gpu)), _text(nvml.nvmlDeviceGetUUID(gpu))
-            devices.append(CudaDevice(index, uuid, name, total, free, gpu, gpu, uuid))
-            continue
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-            try:
-                instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
-            except nvml.NVMLError:  # NotFound: no instance in this slot
-                continue
-            total, free = _memory(nvml, instance)
-            parent_uuid = _text(nvml.nvmlDeviceGetUUID(gpu))
-            name, uuid = _text(nvml.nvmlDeviceGetName(instance)), _text(nvml.nvmlDeviceGetUUID(instance))
-            devices.append(CudaDevice(index, uuid, name, total, free, instance, gpu, parent_uuid, mig=True))
-    return devices
-
-
-def select_devices(devices: list[CudaDevice], visible: list[str] | None) -> list[CudaDevice]:
-    """The devices CUDA_VISIBLE_DEVICES (parsed) selects, in its order. Indices count whole GPUs by NVML index
-    (CUDA's own order is the same on a node of identical GPUs, or with CUDA_DEVICE_ORDER=PCI_BUS_ID); a GPU in
-    MIG mode named by index stands for its MIG instances. UUIDs match a whole GPU or a MIG instance, by unique
-    prefix as CUDA allows; an unknown or ambiguous entry ends the list, as CUDA's does."""
-    if visible is None:
-        return list(devices)
-    chosen: list[CudaDevice] = []
-    for entry in visible:
-        if entry.isdigit():
-            matches = [d for d in devices if d.index == int(entry)]
-        elif entry.startswith("GPU-"):  # a whole GPU, or every MIG instance of a GPU in MIG mode
-            gpus = {d.parent_uuid for d in devices if d.parent_uuid.startswith(entry)}
-            matches = [d for d in devices if d.parent_uuid in gpus] if len(gpus) == 1 else []
-        else:
-            matches = [d for d in devices if d.uuid.startswith(entry)]
-            matches = matches if len(matches) == 1 else []
-        if not matches:
-            break
-        chosen.extend(d for d in matches if d not in chosen)
-    return chosen
-
-
-@dataclass(frozen=True)
-class GpuInspection:
-    """What NVML says about the GPUs this process may use (`devices`, in CUDA_VISIBLE_DEVICES order)."""
-
-    gpus: GpuSpec
-    pcie_generation: int | None = None
-    pcie_width: int | None = None
-    notes: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    devices: tuple[CudaDevice, ...] = ()
-
-
-NO_GPU = GpuSpec(count=0, memory_bytes=0, name="none")
-
-
-def _held_by_others(nvml, device: CudaDevice) -> str | None:
-    """In words, what other processes hold on `device`; None when nothing is seen. NVML lists the processes
-    (other containers' too, by host pid); where it cannot, memory in use beyond the driver's share tells."""
-    from launcher.units import fmt_bytes
-
-    held: dict[int, int | None] = {}
-    listed = False
-    for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        try:
-            processes = getattr(nvml, query)(device.handle)
-        except (nvml.NVMLError, AttributeError):
-            continue
-        listed = True
-        for process in processes:
-            if process.pid != os.getpid():
-                held[process.pid] = process.usedGpuMemory  # None where the driver does not say
-    used = device.total_bytes - device.free_bytes
-    if held:
-        pids = ", ".join(map(str, sorted(held)))
-        return f"{len(held)} other process(es) (pid {pids}) hold {fmt_bytes(used)}"
-    if not listed and used > HELD_MEMORY_WARNING_BYTES:
-        return f"{fmt_bytes(used)} is in use"
-    return None
-
-
-def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
-    """The GpuSpec to plan with, from an initialised NVML (pynvml, or anything with its functions) and the
-    CUDA_VISIBLE_DEVICES value: only the selected devices count, and each offers the memory FREE now (the
-    least of them), total kept beside it; MIG instances are devices of their own."""
-    from launcher.units import fmt_bytes
-
-    notes: list[str] = []
-    warnings: list[str] = []
-    selection = parse_visible_devices(visible)
-    if selection == []:
-        notes.append(f"{VISIBLE_DEVICES_ENV}={visible!r} leaves no GPU visible")
-        return GpuInspection(NO_GPU, notes=tuple(notes))
-    everything = nvml_devices(nvml)
-    devices = select_devices(everything, selection)
-    if not devices:
-        if selection is not None and everything:
-            notes.append(f"{VISIBLE_DEVICES_ENV}={visible} names no GPU this machine has")
-        return GpuInspection(NO_GPU, notes=tuple(notes))
-    if any(d.mig for d in devices):
-        # CUDA gives one process one MIG instance (the first it is shown), and NCCL cannot join instances.
-        if len(devices) > 1:
-            notes.append(
-                f"MIG: a CUDA process uses one MIG instance, and instances cannot train together; planning for "
-                f"one rank on {devices[0].uuid} ({devices[0].name})"
-            )
-        devices = devices[:1]
-    if selection is not None:
-        shown = ", ".join(d.uuid if d.mig else str(d.index) for d in devices)
-        notes.append(f"{VISIBLE_DEVICES_ENV}={visible}: planning for {len(devices)} device(s): {shown}")
-    names = {d.name for d in devices}
-    if len(names) > 1:
-        notes.append(f"GPUs differ ({', '.join(sorted(names))}); planning for the smallest")
-    by_index = bool(selection) and selection[0].isdigit()
-    if by_index and len({d.name for d in everything}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        notes.append(
-            "this machine's GPUs differ: CUDA numbers them fastest first, NVML and nvidia-smi by PCI bus; "
-            "set CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA_VISIBLE_DEVICES indices name the GPUs planned for"
-        )
-    free = min(d.free_bytes for d in devices)
-    total = min(d.total_bytes for d in devices)
-    if free < total:
-        notes.append(f"GPU memory: planning with the {fmt_bytes(free)} free of {fmt_bytes(total)} per device")
-    for device in devices:
-        held = _held_by_others(nvml, device)
-        if held:
-            what = device.uuid if device.mig else f"GPU {device.index}"
-            warnings.append(
-                f"{what} ({device.name}) is in use: {held}; the plan uses the {fmt_bytes(device.free_bytes)} "
-                f"free of {fmt_bytes(device.total_bytes)}, and that can shrink while the job runs"
-            )
-    parents = list({id(d.parent): d.parent for d in devices}.values())
-    capability = min(tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) for h in parents)
-    try:
-        generation = min(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h) for h in parents)
-        width = min(nvml.nvmlDeviceGetMaxPcieLinkWidth(h) for h in parents)
-    except nvml.NVMLError:
-        generation = width = None
-    smallest = min(devices, key=lambda d: d.free_bytes)
-    spec = GpuSpec(
-        count=len(devices),
-        memory_bytes=free,
-        name=smallest.name,
-        compute_capability=capability,
-        total_memory_bytes=total,
-    )
-    return GpuInspection(spec, generation, width, tuple(notes), tuple(warnings), tuple(devices))
-
-
-@contextlib.contextmanager
-def _nvml():
-    """pynvml, initialised, or None where there is no NVIDIA driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVIDIA driver: plan for DeepSpeed's CPU accelerator
-        yield None
-        return
-    try:
-        yield pynvml
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _inspect_gpus() -> GpuInspection:
-    """GPUs through NVML, as CUDA_VISIBLE_DEVICES selects them. No driver / no GPU is a valid answer: count 0."""
-    with _nvml() as nvml:
-        if nvml is None:
-            return GpuInspection(NO_GPU)
-        return inspect_gpus(nvml, os.environ.get(VISIBLE_DEVICES_ENV))
-
-
-def launch_devices(visible: str | None, ranks: int, nvml=None) -> tuple[tuple[int, ...], bool] | None:
-    """The GPUs (indices) DeepSpeed's runner must put `ranks` ranks on to honour CUDA_VISIBLE_DEVICES, as
-    (indices, by_pci_bus): None when it is unset (DeepSpeed's default: GPUs 0..ranks-1). Indices pass through
-    as CUDA reads them; UUIDs become NVML indices (PCI bus order), so `by_pci_bus` asks the ranks for
-    CUDA_DEVICE_ORDER=PCI_BUS_ID. A MIG instance can only be named by its GPU's index: DeepSpeed's launcher
-    writes integer ids into each rank's CUDA_VISIBLE_DEVICES. `nvml`: an initialised NVML (for tests)."""
-    selection = parse_visible_devices(visible)
-    if selection is None:
-        return None
-    if not selection:
-        raise UserInputError(
-            f"{VISIBLE_DEVICES_ENV}={visible!r} leaves no GPU visible, but the plan is for {ranks} GPU rank(s); "
-            f"unset it, or name the GPUs to use"
-        )
-    by_pci_bus = not all(entry.isdigit() for entry in selection)
-    if not by_pci_bus:
-        indices = [int(entry) for entry in selection]
-    elif nvml is not None:
-        indices = _uuid_indices(nvml, selection)
-    else:
-        with _nvml() as found:
-            if found is None:
-                raise UserInputError(f"{VISIBLE_DEVICES_ENV}={visible} names GPUs by UUID, but NVML is unavailable")
-            indices = _uuid_indices(found, selection)
-    if len(indices) < ranks:
-        raise UserInputError(
-            f"{VISIBLE_DEVICES_ENV}={visible} selects {len(indices)} GPU(s), but the plan is for {ranks} rank(s) "
-            f"per node; pass --num-gpus {len(indices)} or name more GPUs"
-        )
-    return tuple(indices[:ranks]), by_pci_bus
-
-
-def _uuid_indices(nvml, selection: list[str]) -> list[int]:
-    devices = select_devices(nvml_devices(nvml), selection)
-    if any(d.mig for d in devices):
-        devices = devices[:1]  # one MIG instance per process (see inspect_gpus)
-    return list(dict.fromkeys(d.index for d in devices))
 
 
 def _cpu_flags() -> tuple[str, ...]:
@@ -497,7 +202,7 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
     """Read this machine: NVML, psutil, /proc, rlimits, /dev/shm, and the NVMe folder when given."""
     import psutil
 
-    found = _inspect_gpus()
+    found = inspect_visible_gpus()
     gpus, notes = found.gpus, list(found.notes)
     memory = psutil.virtual_memory()
     try:

@@ -165,11 +165,9 @@ def run(
     grace_ends = None  # when the first signal (or the time bound) has waited long enough for SIGTERM
     try:
         while True:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 code = process.wait(timeout=1.0)  # short slices: a signal handled meanwhile is seen at once
                 break
-            except subprocess.TimeoutExpired:
-                pass
             now = time.monotonic()
             if deadline is not None and not forwarder.received and now >= deadline:
                 timed_out = True  # the time bound ran out: stop every rank as Ctrl-C would

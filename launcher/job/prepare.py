@@ -235,7 +235,7 @@ def launch_spec(plan: Plan, settings: Settings, out: Path, launcher_args: tuple[
     plan's (Plan.alloc_conf), the setting its CPU estimate counted."""
     import os
 
-    from launcher.inspection.host import VISIBLE_DEVICES_ENV, launch_devices
+    from launcher.inspection.cuda_devices import VISIBLE_DEVICES_ENV, launch_devices
 
     devices = None
     if plan.host.accelerator == "cuda" and plan.host.source == "live" and not settings.hostfile:

@@ -26,39 +26,11 @@ LAUNCH_TIMEOUT_SECONDS = 900  # a fresh machine JIT-compiles DeepSpeed's ops on 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """LlamaForCausalLM config (no weights: random init) + a byte-level BPE tokenizer trained on the demo text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    """LlamaForCausalLM config (no weights: random init) + a byte-level BPE tokenizer trained on the demo text:
+    the GPU check's CPU model (scripts/gpu_check.py builds both, offline)."""
+    from scripts.gpu_check import CPU_MODEL, make_model
 
-    directory = tmp_path_factory.mktemp("tiny-model")
-    texts = [json.loads(line)["text"] for line in DEMO_TEXT.read_text().splitlines()]
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    fast.save_pretrained(directory)
-    LlamaConfig(
-        vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=False,
-    ).save_pretrained(directory)
-    return directory
+    return make_model(tmp_path_factory.mktemp("tiny-model"), CPU_MODEL)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ CONTEXT_MAX = 2 * 2**30  # what creating torch's CUDA context may take from the 
 
 
 def test_nvml_sees_the_devices_and_free_memory_torch_sees():
-    from launcher.inspection.host import VISIBLE_DEVICES_ENV, inspect_gpus
+    from launcher.inspection.cuda_devices import VISIBLE_DEVICES_ENV, inspect_gpus
 
     visible = os.environ.get(VISIBLE_DEVICES_ENV)
     pynvml.nvmlInit()

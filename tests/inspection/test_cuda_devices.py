@@ -15,7 +15,8 @@ import pynvml
 import pytest
 
 from launcher.errors import UserInputError
-from launcher.inspection.host import inspect_gpus, inspect_host, launch_devices, parse_visible_devices
+from launcher.inspection.cuda_devices import inspect_gpus, launch_devices, parse_visible_devices
+from launcher.inspection.host import inspect_host
 
 GiB = 2**30
 
