@@ -3,6 +3,9 @@ offline: models come from transformers config classes, hardware from the bundled
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,3 +37,15 @@ def save_config(config, directory: Path) -> Path:
 
 def host_path(name: str) -> str:
     return str(HOSTS / f"{name}.yaml")
+
+
+def offload_launch(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -m launcher ARGS` in `cwd`, offline, as a user runs it (this checkout's package first)."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO)),
+    )

@@ -4,11 +4,8 @@ while its data is tokenized, before anything is launched."""
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from launcher.job import launch
 from tests.data.corpus import DOCS, write_arrow, write_jsonl
-from tests.helpers import REPO, host_path, save_config, tiny_llama_config
+from tests.helpers import REPO, host_path, offload_launch, save_config, tiny_llama_config
 
 DEMO_MODEL = REPO / "launcher" / "demo" / "tiny-llama"
 GARBAGE = random.Random(20000).randbytes(20000)  # `head -c 20000 /dev/urandom`, the same bytes every run
@@ -30,18 +27,6 @@ def model(tmp_path: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DEMO_MODEL / name, directory / name)
     return directory
-
-
-def offload_launch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m launcher ARGS` in `cwd`, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO)),
-    )
 
 
 def garbage_saved_dataset(folder: Path) -> str:
@@ -66,7 +51,7 @@ def test_random_bytes_as_data_are_one_line_and_exit_2(data, message, model, tmp_
         garbage_saved_dataset(tmp_path)
     else:
         (tmp_path / data).write_bytes(GARBAGE)
-    result = offload_launch(tmp_path, "--model", "model", "--data", data, "--dry-run", "--host-spec", "cpu-only")
+    result = offload_launch("--model", "model", "--data", data, "--dry-run", "--host-spec", "cpu-only", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""

@@ -21,7 +21,7 @@ from launcher.inspection.host import inspect_host, inspect_nvme, memory_backed_m
 from launcher.inspection.model import inspect_model
 from launcher.job import launch, preflight
 from launcher.plan.planner import Workload, make_plan
-from tests.helpers import REPO
+from tests.helpers import offload_launch
 
 SHM = Path("/dev/shm")
 UID = os.getuid()
@@ -107,20 +107,9 @@ def test_nvme_path_on_tmpfs_is_refused(shm_folder):
         inspect_host(shm_folder)  # what the planner calls for this machine
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-    )
-
-
 def test_cli_refuses_dev_shm_as_nvme_before_any_plan(tiny_llama_dir, shm_folder):
     args = ("--model", str(tiny_llama_dir), "--zero-stage", "3", "--offload-optimizer", "nvme")
-    result = cli(*args, "--nvme-path", "/dev/shm", "--dry-run")
+    result = offload_launch(*args, "--nvme-path", "/dev/shm", "--dry-run")
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""  # no planning output
     lines = result.stderr.strip().splitlines()
