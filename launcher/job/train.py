@@ -59,8 +59,8 @@ def prepare_run(
     warn: Warn,
 ) -> PreparedRun:
     """Checks in the order that loses nothing, and writes nothing until they pass: whose the run folder is,
-    the job (final config, data, tokenizer), the host's limits (fatal unless --dry-run; the CUDA toolkit the
-    final config's ops need among them), whether the checkpoints there may be resumed;
+    the job (final config, data, tokenizer), whether the checkpoints there may be resumed, the host's limits
+    (fatal unless --dry-run; the CUDA toolkit the final config's ops need among them);
     then a real run takes the folder's lock (use the result as a context manager: it holds the lock),
     tokenizes into OUT/cache and checks that the data is the checkpoint's."""
     out = output_dir(settings)
@@ -73,10 +73,12 @@ def prepare_run(
     folder = _Folder(out, ownership, settings, warn)
 
     def before_data(identity: dict, config: dict) -> None:
-        """prepare() has made the final ds_config, read the data's first records and written nothing: the
-        host's checks (a bad input was said first, in one line), then the folder's."""
+        """prepare() has made the final ds_config, read the data's first records and written nothing: whether
+        the checkpoints may be resumed, then the host's checks (each refusal is one line; only a run that goes
+        ahead frees the /dev/shm killed runs left, and says so), then the folder is taken."""
+        folder.resume_check(identity)
         preflight.enforce(plan, swap, fatal=not settings.dry_run, warn=warn, config=config)
-        folder.take(identity)
+        folder.take()
 
     try:
         job = prepare.prepare(
@@ -101,16 +103,15 @@ def prepare_run(
 
 
 class _Folder:
-    """The run folder while a run is prepared: `take` (prepare()'s before_data) refuses a resume that cannot
-    work before anything is written, then a real run locks the folder and claims it; `give_back` undoes
-    that when preparing fails."""
+    """The run folder while a run is prepared: `resume_check` refuses a resume that cannot work before anything
+    is written, then `take` (a real run's) locks the folder and claims it; `give_back` undoes that when
+    preparing fails."""
 
     def __init__(self, out: Path, ownership: rundir.Ownership, settings: Settings, warn: Warn):
         self.out, self.ownership, self.settings, self.warn = out, ownership, settings, warn
         self.lock: rundir.FolderLock | None = None
 
-    def take(self, identity: dict) -> None:
-        self.resume_check(identity)
+    def take(self) -> None:
         if self.settings.dry_run:
             return
         self.lock = rundir.FolderLock(self.out).acquire()

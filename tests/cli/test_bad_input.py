@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from launcher import settings
 from launcher.cli import cli
 from launcher.inspection import host as host_module
-from launcher.job import launch
+from launcher.job import launch, preflight
 from launcher.plan import build as build_module
 from launcher.plan.build import build_plan
 from launcher.units import GB
@@ -337,6 +337,17 @@ def no_processes(monkeypatch) -> list:
     return started
 
 
+@pytest.fixture
+def killed_run_buffer(tmp_path_factory, monkeypatch) -> Path:
+    """/dev/shm as a run killed earlier leaves it (one allreduce buffer, its owner gone): a refusal frees nothing
+    and says nothing about it, so its error stays the one line (CI once saw the "freed" line before it)."""
+    shm = tmp_path_factory.mktemp("shm")
+    monkeypatch.setattr(preflight, "SHM_PATH", str(shm))
+    left = shm / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29500_0"
+    left.write_bytes(b"\1" * 4096)
+    return left
+
+
 def invoke(case: Case):
     args = ["--data", case.data, "--output-dir", "out", *case.args]
     if case.host:
@@ -345,7 +356,7 @@ def invoke(case: Case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_processes, monkeypatch):
+def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_processes, killed_run_buffer, monkeypatch):
     if case.nvme_free_bytes is not None:  # a small drive; DeepSpeed's async_io is asked in a child process
         monkeypatch.setattr(host_module, "disk_free_bytes", lambda _path: case.nvme_free_bytes)
         monkeypatch.setattr(host_module, "aio_usable", lambda: True)
@@ -376,6 +387,7 @@ def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_proces
         assert part in result.stdout, f"{part!r} not in the table:\n{result.stdout}"
     assert snapshot(workspace) == before, "files were written"
     assert not (workspace / "out").exists()
+    assert killed_run_buffer.exists(), "a refused run freed /dev/shm"
     assert seconds < case.max_seconds
 
 
