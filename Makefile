@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # with a GPU let pip pick the CUDA build (or keep the one you installed).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==2.13.0)
 
-.PHONY: install demo test test-fast bench gpu-smoke gpu-check wheelhouse lint format docs clean
+.PHONY: install demo test test-fast bench gpu-smoke gpu-check wheelhouse lint format docs bundled-profiles clean
 
 install: $(STAMP)
 
@@ -75,6 +75,11 @@ wheelhouse: $(STAMP)
 # docs/options.md's table is generated from launcher/settings.py (tests/test_settings.py fails when stale).
 docs: $(STAMP)
 	$(BIN)/python scripts/sync_options_doc.py
+
+# launcher/models/profiles/: the bundled configs counted under this transformers, so a first plan of one skips
+# importing transformers (tests/inspection/test_shipped_profiles.py fails when they are stale).
+bundled-profiles: $(STAMP)
+	$(BIN)/python scripts/count_bundled_models.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check launcher tests scripts

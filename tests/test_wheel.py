@@ -69,7 +69,7 @@ def test_wheel_carries_every_data_file(wheel: Path):
     expected |= {f"launcher/recipes/{p.name}" for p in (REPO / "recipes").glob("*.yaml")}
     expected |= {f"launcher/recipes/hosts/{p.name}" for p in (REPO / "recipes" / "hosts").glob("*.yaml")}
     package = REPO / "launcher"
-    for folder, pattern in (("models", "*.json"), ("schemas", "*.json"), ("demo", "**/*")):
+    for folder, pattern in (("models", "**/*.json"), ("schemas", "*.json"), ("demo", "**/*")):
         expected |= {
             f"launcher/{p.relative_to(package).as_posix()}" for p in (package / folder).glob(pattern) if p.is_file()
         }

@@ -14,7 +14,7 @@ import os
 import re
 import socket
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -23,6 +23,7 @@ from launcher.files import write_json_atomic
 from launcher.resources import resource_path
 
 BUNDLED_DIR = resource_path("models")
+SHIPPED_PROFILES_DIR = BUNDLED_DIR / "profiles"  # the bundled configs, counted: scripts/count_bundled_models.py
 HUB_TIMEOUT_SECONDS = 5.0
 PROFILE_VERSION = 2  # bump when ModelProfile's fields change: cached profiles are keyed by it
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -251,7 +252,7 @@ def _first(config, *names: str, default: int = 0) -> int:
     return default
 
 
-def _profile_cache_file(cache_dir: Path, location: Path, trust_remote_code: bool) -> Path:
+def profile_file_name(location: Path, trust_remote_code: bool) -> str:
     """Profiles are keyed by the config's bytes and the transformers version that counted them."""
     from importlib.metadata import version
 
@@ -259,7 +260,7 @@ def _profile_cache_file(cache_dir: Path, location: Path, trust_remote_code: bool
     key = hashlib.sha256(
         config_file.read_bytes() + f"|{version('transformers')}|{trust_remote_code}|{PROFILE_VERSION}".encode()
     )
-    return cache_dir / "profiles" / f"{key.hexdigest()[:32]}.json"
+    return f"{key.hexdigest()[:32]}.json"
 
 
 def inspect_model(
@@ -269,20 +270,46 @@ def inspect_model(
     hub_timeout: float = HUB_TIMEOUT_SECONDS,
     cache_dir: Path | None = None,
 ) -> ModelProfile:
-    """Resolve and count `spec`. With `cache_dir`, a config counted before is read back instead of built
-    again (same config bytes, same transformers version), so a repeated plan skips importing transformers."""
+    """Resolve and count `spec`. With `cache_dir`, a config counted before (same config bytes, same transformers
+    version) is read back instead of built again, so the plan skips importing transformers: from the tool cache,
+    or from the profiles shipped for the bundled configs (counted under the transformers the tool is tested with;
+    under another version the names differ and the model is counted here)."""
     location, source, name = resolve_config_dir(spec, hub_timeout=hub_timeout)
-    cache_file = _profile_cache_file(cache_dir, location, trust_remote_code) if cache_dir else None
-    if cache_file is not None and cache_file.is_file():
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            data = json.loads(cache_file.read_text())
-            data.update(name=name, source=source, config_dir=str(location), param_numels=tuple(data["param_numels"]))
-            data["has_weights"] = source == "local" and any(any(location.glob(p)) for p in _WEIGHT_PATTERNS)
-            return ModelProfile(**data)
+    if cache_dir is None:
+        return _inspect(location, source, name, trust_remote_code)
+    file_name = profile_file_name(location, trust_remote_code)
+    cache_file = cache_dir / "profiles" / file_name
+    for counted in (cache_file, SHIPPED_PROFILES_DIR / file_name):
+        profile = _read_profile(counted, location, source, name)
+        if profile is not None:
+            return profile
     profile = _inspect(location, source, name, trust_remote_code)
-    if cache_file is not None:
-        write_json_atomic(cache_file, asdict(profile))
+    write_json_atomic(cache_file, asdict(profile))
     return profile
+
+
+def _read_profile(path: Path, location: Path, source: str, name: str) -> ModelProfile | None:
+    """A profile counted before, as this resolution names and finds it; None when there is none (or unreadable)."""
+    if not path.is_file():
+        return None
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        data = json.loads(path.read_text())
+        data.update(name=name, source=source, config_dir=str(location), param_numels=tuple(data["param_numels"]))
+        data["has_weights"] = source == "local" and any(any(location.glob(p)) for p in _WEIGHT_PATTERNS)
+        return ModelProfile(**data)
+    return None
+
+
+def count_bundled_models() -> dict[str, dict]:
+    """{profile file name: profile} for every bundled config, counted now on the meta device; what
+    SHIPPED_PROFILES_DIR holds (scripts/count_bundled_models.py writes it, a test compares the two)."""
+    counted = {}
+    for model_id in bundled_ids():
+        config_file = BUNDLED_DIR / (model_id.replace("/", "--") + ".json")
+        profile = _inspect(config_file, "bundled", model_id, trust_remote_code=False)
+        shipped = replace(profile, config_dir=config_file.relative_to(BUNDLED_DIR.parent).as_posix())
+        counted[profile_file_name(config_file, trust_remote_code=False)] = asdict(shipped)
+    return counted
 
 
 def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) -> ModelProfile:
