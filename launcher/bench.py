@@ -4,8 +4,10 @@
    (`estimate_zero3_model_states_mem_needs_all_cold`), each in a fresh Python process.
 2. DeepSpeedCPUAdam against torch.optim.AdamW (foreach and fused) on the same parameters, and the bytes/s
    each achieves as a fraction of the measured memory bandwidth.
-3. Predicted against measured step seconds and CPU memory for a small model trained on this machine
-   under each offload strategy (after `offload-launch probe`, so the plan uses this host's figures).
+3. Predicted against measured step seconds (and its two phases, passes and update) and CPU memory for three
+   model sizes (~1 M, 20 M, 100 M parameters) trained on this machine under no offload, ZeRO-2 + optimizer on
+   CPU, ZeRO-3 + optimizer and parameters on CPU, and ZeRO-3 with both on NVMe (after `offload-launch probe`,
+   so the plan uses this host's figures; each run measures its passes at its model's shapes first).
 
 Run: python -m launcher.bench [--out bench.json] [--quick]
 """
@@ -16,16 +18,17 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from launcher.plan.timing import ADAM_BYTES_PER_PARAM
 from launcher.resources import resource_path
 
 DEMO = resource_path("demo")
-ADAM_BYTES_PER_PARAM = 28  # Adam reads param, grad, m, v (4 x 4 B) and writes param, m, v (3 x 4 B)
 LLAMA2_7B = {"total_params": 6_738_415_616, "largest_layer_params": 202_383_360}
 
 
@@ -105,63 +108,71 @@ def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
     return {"numel": numel, "threads": torch.get_num_threads(), "optimizers": results}
 
 
-STRATEGIES = (("2", "cpu", "none"), ("3", "cpu", "cpu"), ("3", "nvme", "nvme"))
+STRATEGIES = (("2", "none", "none"), ("2", "cpu", "none"), ("3", "cpu", "cpu"), ("3", "nvme", "nvme"))
+# Llama shapes of about 1 M, 20 M and 100 M parameters (the demo's vocabulary and tokenizer): name ->
+# (hidden, intermediate, layers, heads). The first is the bundled demo model itself.
+SIZES = {"1M": (128, 352, 4, 4), "20M": (512, 1376, 6, 8), "100M": (768, 2048, 14, 12)}
+BENCH_STEPS = 10
 
 
-def bench_predictions(env: dict, steps: int, workdir: Path) -> list[dict]:
+def bench_model(name: str, workdir: Path) -> Path:
+    """A config-only Llama of SIZES[name] with the demo's tokenizer (the trainer initialises it at random)."""
+    hidden, intermediate, layers, heads = SIZES[name]
+    config = json.loads((DEMO / "tiny-llama" / "config.json").read_text())
+    config.update(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+    )
+    folder = workdir / f"llama-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    for tokenizer_file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO / "tiny-llama" / tokenizer_file, folder / tokenizer_file)
+    return folder
+
+
+def bench_predictions(env: dict, steps: int, workdir: Path, sizes: tuple[str, ...], nvme_dir: Path) -> list[dict]:
+    """Each size under each strategy, trained for real on this host: predicted next to measured (the NVMe rows
+    swap to `nvme_dir`, the folder the probe measured)."""
     from launcher.inspection.host import aio_usable
 
     rows = []
-    for stage, optimizer, param in STRATEGIES:
-        extra = []
-        if "nvme" in (optimizer, param):
-            if not aio_usable():
-                continue
-            (workdir / "nvme").mkdir(exist_ok=True)
-            extra = ["--nvme-path", str(workdir / "nvme")]
-        out = workdir / f"z{stage}-{optimizer}-{param}"
-        argv = [
-            sys.executable,
-            "-m",
-            "launcher",
-            "--model",
-            str(DEMO / "tiny-llama"),
-            "--data",
-            str(DEMO / "data" / "train.jsonl"),
-            "--output-dir",
-            str(out),
-            "--no-resume",
-            "--zero-stage",
-            stage,
-            "--offload-optimizer",
-            optimizer,
-            "--offload-param",
-            param,
-            "--seq-len",
-            "128",
-            "--micro-batch",
-            "4",
-            "--steps",
-            str(steps),
-            "--lr",
-            "3e-3",
-            "--warmup-steps",
-            "2",
-            *extra,
-        ]
-        seconds, proc = _timed(argv, env)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        run = json.loads((out / "run.json").read_text())
-        rows.append(
-            {
-                "strategy": f"ZeRO-{stage} opt={optimizer} param={param}",
-                "wall_seconds": seconds,
-                "predicted": run["predicted"],
-                "measured": run["measured"],
-                "ratios": run["ratios"],
-            }
-        )
+    for size in sizes:
+        model = bench_model(size, workdir)
+        for stage, optimizer, param in STRATEGIES:
+            extra = []
+            if "nvme" in (optimizer, param):
+                if not aio_usable():
+                    continue
+                extra = ["--nvme-path", str(nvme_dir)]
+            out = workdir / f"{size}-z{stage}-{optimizer}-{param}"
+            argv = [
+                *(sys.executable, "-m", "launcher", "--model", str(model)),
+                *("--data", str(DEMO / "data" / "train.jsonl"), "--output-dir", str(out), "--no-resume"),
+                *("--zero-stage", stage, "--offload-optimizer", optimizer, "--offload-param", param),
+                *("--seq-len", "128", "--micro-batch", "4", "--steps", str(steps), "--save-every", "0"),
+                *("--lr", "1e-3", "--warmup-steps", "2", *extra),
+            ]
+            print(f"  {size} ZeRO-{stage} opt={optimizer} param={param} ...", file=sys.stderr)
+            seconds, proc = _timed(argv, env)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            run = json.loads((out / "run.json").read_text())
+            rows.append(
+                {
+                    "model": size,
+                    "params": json.loads((out / "plan.json").read_text())["model"]["params"],
+                    "strategy": f"ZeRO-{stage} opt={optimizer} param={param}",
+                    "wall_seconds": seconds,
+                    "predicted": run["predicted"],
+                    "measured": run["measured"],
+                    "ratios": run["ratios"],
+                }
+            )
     return rows
 
 
@@ -174,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
     print("probing this host (offload-launch probe) ...", file=sys.stderr)
+    from launcher.inspection.host import aio_usable
+
+    nvme_dir = Path(tempfile.mkdtemp(prefix="offload-launch-bench-nvme-"))  # the NVMe rows swap here too
     probe_argv = [sys.executable, "-m", "launcher", "probe", "--json", *(["--quick"] if args.quick else [])]
+    if aio_usable():
+        probe_argv += ["--nvme-path", str(nvme_dir)]
     probe = subprocess.run(probe_argv, capture_output=True, text=True, env=env, timeout=900)
     if probe.returncode != 0:
         raise SystemExit(probe.stderr[-2000:])
@@ -186,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     adam = bench_cpu_adam(2_000_000 if args.quick else 32_000_000, figures["cpu_memory_bandwidth_bytes_per_s"])
     print("predicted vs measured training steps ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as workdir:
-        predictions = bench_predictions(env, 4 if args.quick else 12, Path(workdir))
+        sizes = ("1M",) if args.quick else tuple(SIZES)
+        predictions = bench_predictions(env, 4 if args.quick else BENCH_STEPS, Path(workdir), sizes, nvme_dir)
+    shutil.rmtree(nvme_dir, ignore_errors=True)
 
     import psutil
 
@@ -231,25 +249,26 @@ def render(report: dict) -> str:
     for name, value in report["probe"].items():
         if name.startswith("pcie_"):  # with a GPU: host<->device copies, pinned and pageable
             lines.append(f"| {name} | {value / 1e9:.1f} GB/s | |")
+    lines += [
+        "",
+        "| model | strategy | step s measured / predicted | step | passes | update | CPU memory | GPU memory |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in report["predictions"]:
-        ratios = row["ratios"]
-        if "gpu_bytes_per_device" in ratios:
-            lines.append(
-                f"| {row['strategy']}: GPU memory measured / predicted | "
-                f"{row['measured']['gpu_bytes_per_device'] / 2**20:.0f} MiB vs "
-                f"{row['predicted']['gpu_bytes_per_device'] / 2**20:.0f} MiB | "
-                f"{ratios['gpu_bytes_per_device']:.2f} |"
+        ratios, measured, predicted = row["ratios"], row["measured"], row["predicted"]
+        cells = [
+            f"{ratios[key]:.2f}" if key in ratios else "-"
+            for key in (
+                "step_seconds",
+                "passes_seconds",
+                "update_seconds",
+                "cpu_bytes_per_node",
+                "gpu_bytes_per_device",
             )
+        ]
         lines.append(
-            f"| {row['strategy']}: step time measured / predicted | "
-            f"{row['measured']['step_seconds']:.3f} s vs {row['predicted']['step_seconds']:.3f} s | "
-            f"{ratios.get('step_seconds', float('nan')):.2f} |"
-        )
-        lines.append(
-            f"| {row['strategy']}: CPU memory measured / predicted | "
-            f"{row['measured']['cpu_bytes_per_node'] / 2**20:.0f} MiB vs "
-            f"{row['predicted']['cpu_bytes_per_node'] / 2**20:.0f} MiB | "
-            f"{ratios.get('cpu_bytes_per_node', float('nan')):.2f} |"
+            f"| {row['model']} ({row['params'] / 1e6:.1f} M) | {row['strategy']} | "
+            f"{measured['step_seconds']:.3f} / {predicted['step_seconds']:.3f} | {' | '.join(cells)} |"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""Writing files so that a crash leaves the old version or the new one, never half of one; sizing folders."""
+"""Writing files so that a crash leaves the old version or the new one, never half of one; appending JSON
+lines; sizing folders."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ def write_json_atomic(path: Path, data: object) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Add one JSON line to `path` (created when missing), on disk before this returns: a run killed right
+    after keeps it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def folder_bytes(folder: str | Path | None) -> int:

@@ -109,7 +109,10 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     from launcher.plan.build import build_plan
 
     started = time.monotonic()
-    prepared = training.prepare_run(build_plan(chosen), chosen, user=user, launcher_args=launcher_args, warn=warn)
+    plan = build_plan(chosen)  # cached rates: every input the plan reads is checked before anything is measured
+    if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
+        plan = build_plan(chosen, measure=True, log=warn)
+    prepared = training.prepare_run(plan, chosen, user=user, launcher_args=launcher_args, warn=warn)
     if prepared.job is None:
         show_plan(prepared.plan, None, chosen.json)
     with prepared:  # a real run holds the output folder's lock until it ends

@@ -192,7 +192,7 @@ def _read_config_dict(config_path: Path) -> dict:
     return data
 
 
-def _load_config(location: Path, trust_remote_code: bool):
+def load_config(location: Path, trust_remote_code: bool):
     """A transformers PretrainedConfig from a config.json file or a directory holding one."""
     from transformers import AutoConfig
 
@@ -218,6 +218,18 @@ def _load_config(location: Path, trust_remote_code: bool):
             f"transformers does not know model_type '{model_type}' in {config_file}; upgrade transformers, "
             "or pass --trust-remote-code if the model ships its own code"
         ) from None
+
+
+def cut_to_layers(config, layers: int) -> None:
+    """Cut a transformers config to its first `layers` transformer blocks, in place: num_hidden_layers, every
+    per-layer list (e.g. Qwen's `layer_types`) and max_window_layers."""
+    full = config.num_hidden_layers
+    for key, value in list(vars(config).items()):
+        if isinstance(value, list) and len(value) == full and key != "architectures":
+            setattr(config, key, value[:layers])
+    config.num_hidden_layers = layers
+    if isinstance(getattr(config, "max_window_layers", None), int):
+        config.max_window_layers = min(config.max_window_layers, layers)
 
 
 def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool, str, int]:
@@ -313,7 +325,7 @@ def count_bundled_models() -> dict[str, dict]:
 
 
 def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) -> ModelProfile:
-    config = _load_config(location, trust_remote_code)
+    config = load_config(location, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     named, tied, architecture, embedding = _count_on_meta(config, trust_remote_code)
     if not named:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from launcher.files import write_json_atomic
 from launcher.inspection.hostprofile import HostProfile
-from launcher.plan.timing import MFU, Rates
+from launcher.plan.timing import ADAM_BYTES_PER_PARAM, MFU, Rates
 from launcher.units import GB
 
 # Nominal figures, used when neither a measurement nor the host description gives one.
@@ -31,7 +31,7 @@ NOMINAL_NVME_READ = 7 * GB  # B/s; the seeds' tier table: PCIe 4.0 x4 NVMe ~7 GB
 NOMINAL_NVME_WRITE = 5 * GB  # B/s; PCIe 4.0 x4 drives' sequential-write datasheets (~5 GB/s)
 NOMINAL_CPU_FLOPS_PER_CORE = 25e9  # useful bf16 FLOP/s per core for the CPU accelerator (AVX-512 class)
 NOMINAL_GPU_TFLOPS = 100.0  # peak dense bf16/fp16 TFLOP/s of an unknown GPU
-CPU_ADAM_BYTES_PER_PARAM = 12  # [seeds-A] CPU-Adam streams 12 B/param of fp32 state: params/s = bandwidth / 12
+CPU_ADAM_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM  # timing [seeds-A]: params/s = bandwidth / 28 when not measured
 # Peak dense (no sparsity) bf16 TFLOP/s (fp16 for pre-Ampere parts, which have no bf16) per exact SKU, keyed
 # by the name NVML reports without its "NVIDIA " prefix, compared case-insensitively with runs of spaces
 # collapsed; nothing else: an "H100" in a name says nothing about which of three H100s it is (SXM 989, PCIe
@@ -61,10 +61,37 @@ GPU_PEAK_TFLOPS: dict[str, tuple[float, str]] = {
     ),
     "GeForce RTX 3090": (71, "NVIDIA Ampere GA102 whitepaper (RTX 3090: FP16/BF16 Tensor, FP32 accumulate)"),
     "Tesla V100-SXM2-16GB": (125, "NVIDIA V100 datasheet (SXM2: Tensor 125, fp16; no bf16)"),
+    "Tesla V100-SXM3-32GB": (125, "NVIDIA DGX-2 datasheet (16 x V100-SXM3: 2 PFLOPS tensor, fp16; no bf16)"),
     "Tesla V100-SXM2-32GB": (125, "NVIDIA V100 datasheet (SXM2: Tensor 125, fp16; no bf16)"),
     "Tesla V100-PCIE-16GB": (112, "NVIDIA V100 datasheet (PCIe: Tensor 112, fp16; no bf16)"),
     "Tesla V100-PCIE-32GB": (112, "NVIDIA V100 datasheet (PCIe: Tensor 112, fp16; no bf16)"),
     "Tesla T4": (65, "NVIDIA T4 datasheet (mixed-precision FP16/FP32 65; no bf16)"),
+}
+# Device memory bandwidth (GB/s) per exact SKU, from the same datasheets: the [roofline] floor of the passes
+# (timing.compute_seconds) when a micro-batch has too few tokens to be compute-bound.
+GPU_MEMORY_GBPS: dict[str, float] = {
+    "H100 80GB HBM3": 3350,
+    "H100 PCIe": 2000,
+    "H100 NVL": 3900,
+    "H200": 4800,
+    "H200 NVL": 4800,
+    "A100-SXM4-40GB": 1555,
+    "A100-SXM4-80GB": 2039,
+    "A100-PCIE-40GB": 1555,
+    "A100 80GB PCIe": 1935,
+    "A10": 600,
+    "L40S": 864,
+    "L40": 864,
+    "L4": 300,
+    "RTX A6000": 768,
+    "GeForce RTX 4090": 1008,
+    "GeForce RTX 3090": 936,
+    "Tesla V100-SXM2-16GB": 900,
+    "Tesla V100-SXM3-32GB": 900,
+    "Tesla V100-SXM2-32GB": 900,
+    "Tesla V100-PCIE-16GB": 900,
+    "Tesla V100-PCIE-32GB": 900,
+    "Tesla T4": 320,
 }
 # Deliberately absent: the A10G (AWS's part; NVIDIA publishes no datasheet for it, and its tensor rate is
 # below the A10's) and every other name. Those get NOMINAL_GPU_TFLOPS and the plan says "nominal": run
@@ -150,12 +177,14 @@ def _best_seconds(action: Callable[[], None], repeats: int) -> float:
 
 
 def measure_cpu_memory_bandwidth(size_bytes: int, repeats: int = 5) -> float:
-    """B/s of a large numpy copy (reads + writes both counted, as CPU-Adam's streaming does)."""
-    import numpy as np
+    """B/s of a large fp32 tensor copy with all of torch's threads, as DeepSpeed's host copies run (reads and
+    writes both counted, as CPU-Adam's streaming does). A single-threaded copy (numpy's) reaches less: 19.4 GB/s
+    against 25.3 GB/s on the 2-core host of docs/planning.md."""
+    import torch
 
-    src = np.ones(size_bytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    return 2 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats)
+    src = torch.ones(size_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return 2 * size_bytes / _best_seconds(lambda: dst.copy_(src), repeats)
 
 
 def measure_cpu_flops(width: int, tokens: int = 1024, repeats: int = 3) -> float:
@@ -215,8 +244,10 @@ def measure_gpu_matmuls(
     return by_width[str(shapes[0][0])], by_width
 
 
-def measure_cpu_adam(numel: int, repeats: int = 3) -> tuple[float, int]:
-    """(params/s, threads) of DeepSpeedCPUAdam stepping one fp32 tensor of `numel` elements."""
+def measure_cpu_adam(numel: int, repeats: int = 3, threads: tuple[int, ...] = ()) -> tuple[float, int, dict]:
+    """(params/s, threads, {thread count: params/s}) of DeepSpeedCPUAdam stepping one fp32 tensor of `numel`
+    elements: with all of torch's threads, and at each count in `threads` (its OpenMP loop follows
+    torch.set_num_threads, as a rank's follows the OMP_NUM_THREADS the launcher gives it)."""
     import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -224,7 +255,43 @@ def measure_cpu_adam(numel: int, repeats: int = 3) -> tuple[float, int]:
     param.grad = torch.randn(numel, dtype=torch.float32) * 1e-3
     optimizer = DeepSpeedCPUAdam([param], lr=1e-4, adamw_mode=True)
     optimizer.step()  # warm-up: allocates the state
-    return numel / _best_seconds(optimizer.step, repeats), torch.get_num_threads()
+    everything = torch.get_num_threads()
+    rate = numel / _best_seconds(optimizer.step, repeats)
+    by_threads = {everything: rate}
+    try:
+        for count in sorted(set(threads) - {everything}):
+            torch.set_num_threads(count)
+            by_threads[count] = numel / _best_seconds(optimizer.step, repeats)
+    finally:
+        torch.set_num_threads(everything)
+    return rate, everything, by_threads
+
+
+def measure_torch_adam(numel: int, threads: tuple[int, ...], repeats: int = 3) -> dict:
+    """{thread count: params/s} of torch.optim.AdamW(fused=True) stepping one fp32 tensor of `numel` elements: the
+    optimizer the ds_config asks for when nothing is offloaded (dsconfig.uses_torch_adam), on the CPU accelerator
+    the CPU runs it."""
+    import torch
+
+    param = torch.nn.Parameter(torch.zeros(numel, dtype=torch.float32))
+    param.grad = torch.randn(numel, dtype=torch.float32) * 1e-3
+    optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True)
+    optimizer.step()  # warm-up: allocates the state
+    everything = torch.get_num_threads()
+    by_threads = {}
+    try:
+        for count in sorted(set(threads) | {everything}):
+            torch.set_num_threads(count)
+            by_threads[count] = numel / _best_seconds(optimizer.step, repeats)
+    finally:
+        torch.set_num_threads(everything)
+    return by_threads
+
+
+def rank_thread_counts(cores: int, max_ranks: int = 8) -> tuple[int, ...]:
+    """The OMP_NUM_THREADS a rank gets with 1..max_ranks ranks on a node of `cores` cores (cores // ranks, at
+    least 1: launch.LaunchSpec.threads_per_rank)."""
+    return tuple(sorted({max(1, cores // ranks) for ranks in range(1, max_ranks + 1)}))
 
 
 def measure_pcie(size_bytes: int, repeats: int = 5) -> dict:
@@ -298,6 +365,7 @@ def run_probe(
     log: Callable[[str], None],
     gpu_shapes: list[tuple[int, int]] | None = None,
     gpu_tokens: int = GPU_MATMUL_TOKENS,
+    nvme_sweep: tuple = AIO_SWEEP,
 ) -> ProbeResult:
     """Measure everything this host has, in bounded time (quick: seconds, for tests). With a GPU the bf16
     matmul rate is timed at `gpu_shapes` ((hidden, intermediate) pairs: the model's, when the probe is told
@@ -312,9 +380,17 @@ def run_probe(
     figures["cpu_flops_per_s"] = max(by_width.values())
     details["cpu_flops_per_s_by_width"] = by_width
     log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")
-    params_per_s, threads = measure_cpu_adam(1 << 20 if quick else 32 << 20)
+    import psutil
+
+    counts = rank_thread_counts(psutil.cpu_count(logical=False) or os.cpu_count() or 1)  # as host.py counts cores
+    params_per_s, threads, by_threads = measure_cpu_adam(1 << 20 if quick else 32 << 20, threads=counts)
     figures["cpu_adam_params_per_s"] = params_per_s
     details["cpu_adam_threads"] = threads
+    details["cpu_adam_params_per_s_by_threads"] = {str(k): v for k, v in sorted(by_threads.items())}
+    if not has_gpu:  # the CPU accelerator's optimizer when nothing is offloaded
+        log("torch AdamW (fused) ...")
+        torch_adam = measure_torch_adam(1 << 20 if quick else 32 << 20, counts)
+        details["torch_adam_params_per_s_by_threads"] = {str(k): v for k, v in sorted(torch_adam.items())}
     aio_section: dict = {}
     if has_gpu:
         log("host<->device copies ...")
@@ -332,7 +408,7 @@ def run_probe(
         }
     if nvme_path:
         log(f"NVMe through async_io in {nvme_path} ...")
-        sweep = AIO_SWEEP[:2] if quick else AIO_SWEEP
+        sweep = nvme_sweep[:2] if quick else nvme_sweep
         nvme_figures, aio_section, points = measure_nvme(nvme_path, 16 << 20 if quick else 512 << 20, sweep)
         figures.update(nvme_figures)
         details["aio_sweep"] = points
@@ -360,6 +436,13 @@ def _sku_key(name: str) -> str:
 
 
 _SKU_INDEX = {_sku_key(key): value for key, value in GPU_PEAK_TFLOPS.items()}
+_MEMORY_INDEX = {_sku_key(key): value for key, value in GPU_MEMORY_GBPS.items()}
+
+
+def gpu_memory_bytes_per_s(name: str) -> float | None:
+    """The datasheet's device memory bandwidth of exactly this SKU (B/s), or None (unknown)."""
+    gbps = _MEMORY_INDEX.get(_sku_key(name))
+    return gbps * GB if gbps else None
 
 
 def gpu_datasheet(name: str) -> tuple[float, str] | None:
@@ -393,9 +476,12 @@ def cpu_flops_for_width(probe: ProbeResult, width: int) -> float | None:
     return by_width[nearest]
 
 
-def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | None = None) -> Rates:
+def resolve_rates(
+    host: HostProfile, probe: ProbeResult | None, width: int | None = None, passes: dict | None = None
+) -> Rates:
     """Measured figures (a probe of this very host) win, then the host description, then nominal ones.
-    `width` (the model's hidden size) picks the CPU accelerator's matmul rate at the nearest probed shape."""
+    `width` (the model's hidden size) picks the CPU accelerator's matmul rate at the nearest probed shape;
+    `passes` (inspection/passes.py, measured at the model's shapes and the workload's tokens) the passes."""
     measured = dict(probe.figures) if probe else {}
     if probe and width and (rate := cpu_flops_for_width(probe, width)):
         measured["cpu_flops_per_s"] = rate
@@ -428,9 +514,9 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
             compute = (peak or NOMINAL_GPU_TFLOPS) * 1e12 * MFU
     else:
         compute = pick("cpu_flops_per_s", None, NOMINAL_CPU_FLOPS_PER_CORE * host.cpu_cores / host.ranks_per_node)
-    pcie_measured = measured.get("pcie_pinned_h2d_bytes_per_s")
+    pcie_measured = _slower_direction(measured, "pinned")
     if pcie_measured:
-        pcie = min(pcie_measured, measured.get("pcie_pinned_d2h_bytes_per_s", pcie_measured))
+        pcie = pcie_measured
         sources["pcie_bytes_per_s"] = "measured"
     else:
         pcie = host.pcie_bytes_per_s
@@ -442,6 +528,11 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
     nvme = host.nvme
     read = pick("nvme_read_bytes_per_s", nvme.read_bytes_per_s if nvme else None, NOMINAL_NVME_READ)
     write = pick("nvme_write_bytes_per_s", nvme.write_bytes_per_s if nvme else None, NOMINAL_NVME_WRITE)
+    by_threads = _by_threads(probe, "cpu_adam_params_per_s_by_threads")
+    torch_adam = _by_threads(probe, "torch_adam_params_per_s_by_threads")
+    device_memory = gpu_memory_bytes_per_s(host.gpus.name) if host.has_gpu else None
+    if passes:
+        sources["passes"] = "measured"
     return Rates(
         compute_flops_per_s=compute,
         pcie_bytes_per_s=pcie,
@@ -449,7 +540,30 @@ def resolve_rates(host: HostProfile, probe: ProbeResult | None, width: int | Non
         nvme_read_bytes_per_s=read,
         nvme_write_bytes_per_s=write,
         sources=sources,
+        pcie_pageable_bytes_per_s=_slower_direction(measured, "pageable"),
+        cpu_memory_bytes_per_s=bandwidth,
+        device_memory_bytes_per_s=device_memory,
+        cpu_adam_params_per_s_by_threads=by_threads,
+        torch_adam_params_per_s_by_threads=torch_adam,
+        cpu_cores=host.cpu_cores,
+        passes_per_layer_seconds=passes["per_layer_seconds"] if passes else None,
+        passes_fixed_seconds=passes["fixed_seconds"] if passes else None,
+        passes_tokens=passes["tokens"] if passes else 0,
     )
+
+
+def _by_threads(probe: ProbeResult | None, name: str) -> dict[int, float]:
+    """A per-thread-count figure of the probe's details, keyed by int (JSON keys are strings)."""
+    return {int(k): float(v) for k, v in probe.details.get(name, {}).items()} if probe else {}
+
+
+def _slower_direction(figures: dict, kind: str) -> float | None:
+    """The slower of the measured host->device and device->host rates of `kind` (pinned, pageable): an offloaded
+    step copies both ways."""
+    rates = [
+        figures[f"pcie_{kind}_{d}_bytes_per_s"] for d in ("h2d", "d2h") if f"pcie_{kind}_{d}_bytes_per_s" in figures
+    ]
+    return min(rates) if rates else None
 
 
 def measure_and_cache(
@@ -460,6 +574,7 @@ def measure_and_cache(
     model: str | None = None,
     tokens: int = GPU_MATMUL_TOKENS,
     trust_remote_code: bool = False,
+    for_run: bool = False,
 ) -> tuple[ProbeResult, Path]:
     """`offload-launch probe`: measure this host and cache the figures where later plans on it find them.
     `model` (a hub id or folder): the GPU matmuls are timed at its (hidden, intermediate) shapes, with
@@ -481,7 +596,11 @@ def measure_and_cache(
 
         profile = inspect_model(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir())
         shapes = [(profile.hidden_size, profile.intermediate_size)]
-    result = run_probe(nvme_path, quick=quick, has_gpu=host.has_gpu, log=log, gpu_shapes=shapes, gpu_tokens=tokens)
+    # before a run (`for_run`: bounded to ~30 s) the NVMe sweep tries two aio settings, not all of AIO_SWEEP
+    sweep = AIO_SWEEP[:2] if for_run else AIO_SWEEP
+    result = run_probe(
+        nvme_path, quick=quick, has_gpu=host.has_gpu, log=log, gpu_shapes=shapes, gpu_tokens=tokens, nvme_sweep=sweep
+    )
     path = cache_path(tool_cache_dir())
     save(result, path)
     return result, path

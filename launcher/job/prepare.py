@@ -219,10 +219,15 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> Run
         nvme_swap_dir=swap,
         predicted={
             "step_seconds": plan.chosen.timing.step_seconds,
+            "calibrated_step_seconds": plan.chosen.timing.calibrated_step_seconds,  # None: no finished runs
+            "passes_seconds": plan.chosen.timing.passes_seconds,
+            "update_seconds": plan.chosen.timing.update_seconds,
             "tokens_per_s": plan.chosen.timing.tokens_per_s,
             "gpu_bytes_per_device": memory.gpu_bytes_per_device,
             "cpu_bytes_per_node": memory.cpu_bytes,
             "nvme_bytes_per_node": memory.nvme_bytes,
+            "step_terms": plan.chosen.timing.to_json(),  # every term of the step-time model
+            "rate_sources": dict(plan.rates.sources),  # where each rate it ran on came from
         },
     )
 

@@ -109,21 +109,16 @@ def truncate_model(model_spec: str, layers: int, dest: Path, trust_remote_code: 
     """Write the model's config with only `layers` transformer layers to `dest` (no weights: training
     starts from a random initialization). Per-layer lists (e.g. Qwen's `layer_types`) are cut to match.
     Returns (dest, the model's full layer count)."""
-    from launcher.inspection.model import _load_config, resolve_config_dir
+    from launcher.inspection.model import cut_to_layers, load_config, resolve_config_dir
 
     location, _source, _name = resolve_config_dir(model_spec)
-    config = _load_config(location, trust_remote_code)
+    config = load_config(location, trust_remote_code)
     full = getattr(config, "num_hidden_layers", None)
     if not isinstance(full, int):
         raise UserInputError(f"--smoke-layers: {model_spec} has no num_hidden_layers to cut; run --smoke without it")
     if not 1 <= layers < full:
         raise UserInputError(f"--smoke-layers {layers}: pass 1 to {full - 1} ({model_spec} has {full} layers)")
-    for key, value in list(vars(config).items()):
-        if isinstance(value, list) and len(value) == full and key != "architectures":
-            setattr(config, key, value[:layers])
-    config.num_hidden_layers = layers
-    if isinstance(getattr(config, "max_window_layers", None), int):
-        config.max_window_layers = min(config.max_window_layers, layers)
+    cut_to_layers(config, layers)
     dest.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(dest)
     return dest, full

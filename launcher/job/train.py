@@ -102,6 +102,19 @@ def prepare_run(
     return PreparedRun(job.plan, job, out, check.step, finished, folder.lock)
 
 
+def needs_rates(plan: Plan, settings: Settings) -> bool:
+    """Whether a real run should measure this host first (build_plan's `measure`): the plan is for this machine
+    and some figure it ran on is not measured (the passes at this model's shapes, the NVMe folder it swaps to);
+    and the run would get past its cheap checks (the output folder is
+    the tool's, the data is there), so that a mistake is still said at once rather than after the measuring."""
+    uses_nvme = "nvme" in (plan.chosen.strategy.offload_optimizer, plan.chosen.strategy.offload_param)
+    nvme_nominal = uses_nvme and str(plan.rates.sources.get("nvme_read_bytes_per_s")).startswith("nominal")
+    if plan.host.source != "live" or ("passes" in plan.rates.sources and not nvme_nominal):
+        return False
+    rundir.check_folder(output_dir(settings), "train", settings.force)
+    return not settings.data or Path(settings.data).exists()  # a missing one: prepare_run says what is wrong
+
+
 class _Folder:
     """The run folder while a run is prepared: `resume_check` refuses a resume that cannot work before anything
     is written, then `take` (a real run's) locks the folder and claims it; `give_back` undoes that when
@@ -155,7 +168,21 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
     )
     if code != 0:
         raise Stopped(stopped_message(run.out, code), code)
-    return json.loads((run.out / rundir.SUMMARY_FILE).read_text())
+    summary = json.loads((run.out / rundir.SUMMARY_FILE).read_text())
+    remember(run.job.plan, summary)
+    return summary
+
+
+def remember(plan: Plan, summary: dict) -> None:
+    """A finished run on this host calibrates later plans of its strategy here (plan/calibration.py)."""
+    if plan.host.source != "live":
+        return
+    from launcher.files import tool_cache_dir
+    from launcher.inspection.rates import host_id
+    from launcher.plan import calibration
+
+    label = plan.chosen.strategy.label
+    calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, summary["predicted"], summary["measured"])
 
 
 def stopped_message(out: Path, code: int) -> str:

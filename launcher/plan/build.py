@@ -12,6 +12,7 @@ from pathlib import Path
 from launcher.errors import DoesNotFit, UserInputError
 from launcher.files import tool_cache_dir
 from launcher.plan.planner import Plan
+from launcher.plan.timing import Rates
 from launcher.plan.workload import Workload
 from launcher.settings import DECLARATIONS, Settings
 from launcher.units import fmt_bytes
@@ -36,8 +37,9 @@ def workload(settings: Settings) -> Workload:
     return Workload(**{f.name: getattr(settings, f.name) for f in fields(Workload) if f.name in DECLARATIONS})
 
 
-def build_plan(settings: Settings) -> Plan:
-    """Inspect the host (live, or the described one) and the model, then plan."""
+def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
+    """Inspect the host (live, or the described one) and the model, then plan. `measure` (a real run on this
+    host): rates the cache lacks are measured first (`measure_rates`), with progress lines to `log`."""
     from launcher.inspection.host import inspect_host
     from launcher.inspection.hostspec import load_host_spec, with_nvme_path
     from launcher.inspection.model import inspect_model
@@ -54,8 +56,30 @@ def build_plan(settings: Settings) -> Plan:
     if settings.hostfile:
         host = replace(host, nodes=hostfile_nodes(settings.hostfile))
     model = inspect_model(settings.model, trust_remote_code=settings.trust_remote_code, cache_dir=tool_cache_dir())
-    rates, aio = host_rates(host, settings.nvme_path, model.hidden_size)
-    return make_plan(model, host, workload(settings), rates, aio, alloc_conf(host, settings))
+    asked = workload(settings)
+    rates, aio = host_rates(
+        host,
+        settings.nvme_path,
+        model,
+        asked,
+        measure=measure,
+        log=log or (lambda _line: None),
+        trust_remote_code=settings.trust_remote_code,
+    )
+    plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), host_calibration(host))
+    unused = ("nvme_" if host.nvme is None else "-", "pcie_" if not host.has_gpu else "-")  # figures no plan here uses
+    nominal = sorted(
+        name
+        for name, source in rates.sources.items()
+        if str(source).startswith("nominal") and not name.startswith(unused)
+    )
+    if host.source == "live" and nominal and not measure:
+        note = (
+            f"step times use nominal rates for {', '.join(nominal)}: `offload-launch probe` measures this host once "
+            "(a real run does it first)"
+        )
+        plan = replace(plan, warnings=(*plan.warnings, note))
+    return plan
 
 
 def installed_torch_version() -> str | None:
@@ -81,18 +105,63 @@ def alloc_conf(host, settings: Settings) -> str | None:
     )
 
 
-def host_rates(host, nvme_path: str | None, width: int):
-    """Rates for the step-time model: this host's cached probe (if it is this host), else described/nominal;
-    and the aio settings the probe found best for the NVMe folder it measured."""
+def host_rates(host, nvme_path: str | None, model, asked: Workload, *, measure: bool, log, trust_remote_code=False):
+    """Rates for the step-time model: this host's probe (cached; measured first when `measure` and there is
+    none) and the passes at the model's shapes (likewise), else described/nominal figures; and the aio
+    settings the probe found best for the NVMe folder it measured. A described host is never measured."""
     from launcher.inspection import rates
 
-    cached = None
+    cached = passes = None
     if host.source == "live":
-        cached = rates.load_cached(rates.cache_path(tool_cache_dir()), rates.host_id())
+        identity = rates.host_id()
+        cached = rates.load_cached(rates.cache_path(tool_cache_dir()), identity)
+        unprobed_nvme = bool(nvme_path) and (cached is None or cached.details.get("nvme_path") != nvme_path)
+        if measure and (cached is None or unprobed_nvme):
+            what = "this host" if cached is None else f"the NVMe folder {nvme_path}"
+            log(f"no measured rates for {what} yet: measuring them once (offload-launch probe; cached) ...")
+            cached = rates.measure_and_cache(nvme_path, quick=False, log=log, for_run=True)[0]
+        if cached is not None:
+            first = rates.resolve_rates(host, cached, model.hidden_size)
+            passes = measured_passes(host, model, asked, first, identity, measure, log, trust_remote_code)
     aio = None
     if cached and cached.aio and nvme_path and cached.details.get("nvme_path") == nvme_path:
         aio = cached.aio
-    return rates.resolve_rates(host, cached, width), aio
+    return rates.resolve_rates(host, cached, model.hidden_size, passes), aio
+
+
+def host_calibration(host) -> dict | None:
+    """What finished runs on this very host measured against their predictions (plan/calibration.py), by
+    strategy; None for a described host."""
+    if host.source != "live":
+        return None
+    from launcher.inspection.rates import host_id
+    from launcher.plan import calibration
+
+    return calibration.load(tool_cache_dir(), host_id()) or None
+
+
+def measured_passes(
+    host, model, asked: Workload, first: Rates, identity: str, measure: bool, log, trust_remote_code: bool
+) -> dict | None:
+    """The passes at the model's shapes and the workload's tokens, on the device and threads a rank gets."""
+    from launcher.inspection.passes import measure_passes
+    from launcher.plan.planner import resolve_ranks, resolve_seq_len
+
+    ranks = resolve_ranks(asked, host)
+    return measure_passes(
+        model,
+        micro_batch=asked.micro_batch,
+        seq_len=resolve_seq_len(asked, model),
+        recompute=asked.activation_checkpointing,
+        device="cuda" if host.has_gpu else "cpu",
+        threads=max(1, host.cpu_cores // ranks),
+        flops_per_s=first.compute_flops_per_s,
+        host_id=identity,
+        cache_dir=tool_cache_dir(),
+        log=log,
+        measure=measure,
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def closest_shortfall(plan: Plan) -> str:

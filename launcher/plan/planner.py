@@ -16,6 +16,7 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
 from launcher.plan import memory, timing
+from launcher.plan.calibration import calibrate
 from launcher.plan.capacity import (
     fit_problems,
     model_shape,
@@ -53,6 +54,7 @@ CANDIDATE_ORDER: tuple[Strategy, ...] = (
     Strategy(1),
     Strategy(2),
     Strategy(3),
+    Strategy(3, "none", "cpu"),  # parameters offloaded, the optimizer stays on the GPU: valid, rarely the fastest
     Strategy(1, "cpu"),
     Strategy(2, "cpu"),
     Strategy(3, "cpu"),
@@ -157,6 +159,21 @@ def resolve_ranks(workload: Workload, host: HostProfile) -> int:
     return workload.num_gpus
 
 
+def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> timing.Shape:
+    """What the step-time model needs of the model and the workload."""
+    return timing.Shape(
+        params=model.params,
+        compute_params=model.compute_params,
+        layers=model.num_layers,
+        hidden=model.hidden_size,
+        param_tensors=len(model.param_numels),
+        seq_len=workload.seq_len,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        recompute=workload.activation_checkpointing,
+    )
+
+
 def estimate_candidate(
     model,
     host,
@@ -168,9 +185,11 @@ def estimate_candidate(
     micro_batch: int | None = None,
     grad_accum: int | None = None,
     alloc_conf: str | None = None,
+    calibration: dict | None = None,
 ) -> Candidate:
     """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). `alloc_conf`:
-    the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers."""
+    the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers;
+    `calibration`: strategy label -> calibration.Factors from finished runs on this host."""
     micro_batch = micro_batch or workload.micro_batch
     grad_accum = grad_accum or workload.grad_accum
     buckets = size_buckets(model, host, strategy, world, ranks)
@@ -189,20 +208,11 @@ def estimate_candidate(
         pinned_round_limit=memory.pinned_round_limit(alloc_conf),
         grad_accum=grad_accum,
     )
+    shape = step_shape(model, workload, micro_batch, grad_accum)
     step = timing.estimate_step(
-        model.params,
-        strategy,
-        rates,
-        world=world,
-        ranks_per_node=ranks,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        seq_len=workload.seq_len,
-        recompute=workload.activation_checkpointing,
-        has_gpu=host.has_gpu,
-        compute_params=model.compute_params,
-        pinned=pinned,
+        shape, strategy, rates, world=world, ranks_per_node=ranks, has_gpu=host.has_gpu, pinned=pinned
     )
+    step = calibrate(step, (calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 
 
@@ -213,10 +223,13 @@ def make_plan(
     rates: Rates | None = None,
     aio: dict | None = None,
     alloc_conf: str | None = None,
+    calibration: dict | None = None,
 ) -> Plan:
     """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
     framework's order). `rates` default to the host's described or nominal figures; `alloc_conf` is the
-    PYTORCH_ALLOC_CONF the ranks will get (memory.pinned_alloc_conf decides it; None: torch's defaults)."""
+    PYTORCH_ALLOC_CONF the ranks will get (memory.pinned_alloc_conf decides it; None: torch's defaults);
+    `calibration` (strategy label -> calibration.Factors): finished runs on this host, whose measured phases
+    scale the candidates of their strategy (the first-principles figures stay beside them)."""
     if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
         raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
     if rates is None:
@@ -229,20 +242,28 @@ def make_plan(
     world = ranks * host.nodes
 
     candidates = [
-        estimate_candidate(model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf)
+        estimate_candidate(
+            model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
+        )
         for strategy in CANDIDATE_ORDER
         if workload.allows(strategy)
     ]
     fitting = [c for c in candidates if c.fits]
-    ranked = sorted(fitting, key=lambda c: (round(c.timing.step_seconds, 9), candidates.index(c)))
+    ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
     chosen = ranked[0] if ranked else None
     reasons, warnings = _explain(candidates, chosen, host, world, model.params)
     if len(ranked) > 1:
         runner_up = ranked[1]
-        slower = runner_up.timing.step_seconds / chosen.timing.step_seconds - 1
+        slower = runner_up.timing.expected_seconds / chosen.timing.expected_seconds - 1
         reasons.append(
-            f"runner-up {runner_up.strategy.label} would take {runner_up.timing.step_seconds:.3g} s/step "
-            f"({slower:+.0%}, {runner_up.timing.tokens_per_s:,.0f} tokens/s)"
+            f"runner-up {runner_up.strategy.label} would take {runner_up.timing.expected_seconds:.3g} s/step "
+            f"({slower:+.0%})"
+        )
+    calibrated = [c.strategy.label for c in candidates if c.timing.calibration]
+    if calibrated:
+        reasons.append(
+            f"calibrated by finished runs on this host (their measured / predicted phases): {', '.join(calibrated)}; "
+            "the other candidates are first-principles predictions"
         )
     pin = True
     advice = None
@@ -385,9 +406,10 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
     if m.nvme_bytes:
         where.append(f"{fmt_bytes(m.nvme_bytes)} NVMe per node")
     t = chosen.timing
+    calibrated = f" (calibrated: {t.calibrated_step_seconds:.3g} s/step)" if t.calibrated_step_seconds else ""
     reasons.append(
         f"chose {chosen.strategy.label}: the fastest predicted that fits ({', '.join(where)}; world size "
-        f"{world}; {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
+        f"{world}; {t.step_seconds:.3g} s/step{calibrated}, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
         f"{t.offload_overhead_fraction:.0%})"
     )
     if chosen.strategy.offload_optimizer == "none" and host.has_gpu:

@@ -1,20 +1,58 @@
 """Step-time model: the seeds' race between moving bytes and computing, per candidate strategy.
 
 One function per term, each citing its source. P = parameters, N = ranks in all, R = ranks per node,
-T = tokens per rank per optimizer step (micro-batch x accumulation x sequence length).
+t = tokens per micro-batch (micro-batch x sequence length), M = micro-batches per optimizer step (accumulation).
+A step has two phases, which the trainer measures separately (launcher/rank/progress.py PhaseClock):
+"passes" (forward and backward of every micro-batch, with what they overlap) and "update" (the optimizer step).
 
 Sources:
   [seeds-F]   "CPU Offload Math": a step costs ~6·P FLOPs per token (forward + backward); activation
               recomputation adds a forward, ~8·P (the seeds' "8 with recomputation").
+  [Narayanan] Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", eq. 3:
+              the attention scores and their weighted sum add 4·s·h FLOPs per token per layer to a forward
+              (12·s·h with the backward, 16·s·h with recomputation), beside the weights' 2 FLOPs per parameter.
+  [roofline]  Williams, Waterman, Patterson 2009, "Roofline": a pass runs no faster than its weights stream from
+              device memory; each 16-bit weight is read once per forward and twice per backward (the input
+              gradient and the weight gradient), so below ~peak/bandwidth tokens per micro-batch the passes are
+              memory-bound, not compute-bound.
+  [non-matmul] The elementwise work of a block (normalisations, rotary embedding, activation, residual adds,
+              casts, head reshapes) moves bytes in proportion to tokens x hidden and computes almost nothing, so
+              it runs at device memory bandwidth. Counted for a Llama block in eager PyTorch (HF transformers):
+              each RMSNorm reads and writes the hidden state ~6 times with its fp32 upcast (2 x ~30·h B), rotary
+              embedding ~50·h B over q and k, the head reshapes ~12·h B, attention's q, k, v in and o out 8·h B,
+              the gated MLP's activation and product ~10 x intermediate ≈ 27·h B, two residual adds 12·h B:
+              ~170·h B per token in the forward, twice that in the backward, once more when recomputed.
   [seeds-B]   ZeRO-Offload moves 2 B/param of 16-bit gradients down and 2 B/param of updated 16-bit weights
               up per optimizer step: 4 B/param, the minimum, independent of the batch. DeepSpeed's compact
               gradient partition buffer accumulates on the GPU and copies once at the step boundary
               (stage_1_and_2.py `copy_grads_in_partition`).
-  [seeds-A]   CPU-Adam streams the 12 B/param of fp32 state through DRAM once per step: t = 12·P / bandwidth.
+  [seeds-A]   CPU-Adam streams the fp32 state through DRAM once per step. The seeds count 12 B/param (master,
+              m, v); the loop reads them and the fp32 gradient (16 B) and writes master, m, v back (12 B): 28 B/param
+              (DeepSpeed csrc/includes/cpu_adam_impl.h, Step_AVX: loads params, grads, exp_avg, exp_avg_sq; stores
+              params, exp_avg, exp_avg_sq). t = 28·P / bandwidth when nothing measured the rate.
+  [DS-step]   What DeepSpeed does in host memory around CPU-Adam, read in stage_1_and_2.py / stage3.py: the
+              16-bit gradients are widened into the fp32 partition (read 2 B, write 4 B per param; on the CPU
+              accelerator a host copy during the backward, on a GPU part of the overlapped transfer); the step
+              reads that partition for the norm (`complete_grad_norm_calculation_for_cpu_offload`, 4 B), CPU-Adam
+              runs (not fused with the copy back: `_optimizer_step` calls plain `optimizer.step()`), and
+              `_update_model_bit16_weights` narrows the fp32 master into the 16-bit copy (read 4 B, write 2 B):
+              10 B/param in the update besides the 28 B CPU-Adam streams, at the rank's share of the bandwidth.
   [ZeRO-Inf]  Rajbhandari et al. 2021, "ZeRO-Infinity": with parameters offloaded, each rank fetches its
               16-bit partition before the forward and again before the backward of every micro-batch;
-              with the optimizer on NVMe the fp32 master, m, v (12 B) and fp32 gradient (4 B) are read and
-              written once per step.
+              with the optimizer on NVMe the fp32 master, m, v (12 B) are read in and written out once per
+              step, a sub-group at a time, the write of one overlapping the read of the next
+              (partitioned_optimizer_swapper.py), so the slower direction sets the time. The fp32 gradients'
+              swap (4 B) goes out during the backward and is not charged: the bench's NVMe rows measure update
+              phases of 0.44-0.62 of the summed 16 B read + 16 B written.
+  [DS-hooks]  ZeRO-3 gathers and releases each parameter from Python hooks around every module's forward and
+              backward (partitioned_param_coordinator.py `fetch_sub_module` / `release_sub_module`,
+              parameter_offload.py's pre/post hooks): a cost per parameter tensor and pass, whatever its size,
+              that dominates small models (DeepSpeed issues 1189 and 2637: ZeRO-3 several times slower than
+              ZeRO-2 on small models). ZeRO-1/2 with the optimizer offloaded copies each gradient to the host
+              partition from its own backward hook (stage_1_and_2.py `copy_grads_in_partition`): a cost per tensor
+              and micro-batch. Beside those per-tensor costs, ZeRO's per-parameter work (bucket copies, averaging,
+              partition copies, gathers into the full-size buffer) streams bytes per parameter and micro-batch
+              through device memory (ZERO_PASS_BYTES_PER_PARAM). All three are measured, see their comments.
   [seeds-O]   "The swap math": overlapped work costs max(t_compute, t_move), serial work the sum.
               DeepSpeed overlaps gradient copies with the backward (overlap_comm); the CPU-Adam step,
               the weight upload after it, parameter fetches and the NVMe swap are charged serially.
@@ -28,13 +66,56 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, Strategy
+from launcher.plan.memory import BYTES_16BIT, OPTIMIZER_BYTES_PER_PARAM, Strategy
 
 # [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
 MFU = 0.5  # achievable fraction of a GPU's peak dense TFLOP/s in training (PaLM reports 46 %, Chowdhery 2022)
+# [DS-step] host memory bytes per parameter around CPU-Adam: the norm's read (4), the narrowing (4 + 2) in the update;
+# the widening of the gradients (2 + 4) per micro-batch, a host copy in the passes on the CPU accelerator.
+HOST_UPDATE_BYTES_PER_PARAM = 4 + 4 + 2
+HOST_WIDEN_BYTES_PER_PARAM = 2 + 4
+# [seeds-A] DRAM bytes per parameter of one Adam step: reads master, gradient, m, v; writes master, m, v.
+ADAM_BYTES_PER_PARAM = 16 + 12
+# [non-matmul] bytes per token per unit of hidden size of one block's forward elementwise work.
+NONMATMUL_BYTES_PER_HIDDEN = 170
+# [roofline] times a 16-bit weight is read per micro-batch: once in the forward, twice in the backward, once more
+# in the recomputed forward.
+WEIGHT_READS = 3
+WEIGHT_READS_RECOMPUTE = 4
+# [DS-hooks] Measured on the CPU accelerator of docs/planning.md (2 cores) by two runs of `make bench`: each row's
+# measured passes minus its passes measured without DeepSpeed (inspection/passes.py) is split by least squares over
+# the ~1 M-, ~20 M- and ~100 M-parameter rows (39, 57 and 129 tensors) into a per-tensor and a per-parameter part,
+# per strategy family. One set of constants for every row and for the GPU runs of tests/plan/published_runs.yaml.
+HOOK_SECONDS_PER_TENSOR = 0.8e-3  # ZeRO-3: per parameter tensor per pass (forward, backward, recomputed forward)
+FETCH_SECONDS_PER_TENSOR = 0.5e-3  # ZeRO-3 with the parameters offloaded: each tensor's fetch, per pass, on top
+OFFLOAD_HOOK_SECONDS_PER_TENSOR = 0.66e-3  # ZeRO-1/2 with the optimizer offloaded: per tensor per micro-batch
+# ZeRO's per-parameter work per micro-batch on the CPU accelerator, as bytes through the rank's share of the host's
+# memory bandwidth, by (ZeRO-3?, optimizer offloaded?, where the parameters live). On a GPU the same work runs as
+# device kernels and is not charged: at HBM bandwidth it would add ~0.05 s to Qwen2.5-1.5B's 0.24 s ZeRO-2 step of
+# tests/plan/published_runs.yaml, which the runs there do not show.
+ZERO_PASS_BYTES_PER_PARAM = {
+    (False, False, "none"): 36,
+    (False, True, "none"): 72,
+    (True, False, "none"): 85,
+    (True, True, "none"): 85,
+    (True, False, "cpu"): 93,
+    (True, True, "cpu"): 93,
+    (True, False, "nvme"): 93,
+    (True, True, "nvme"): 93,
+}
+# DeepSpeed's own step with nothing offloaded (stage_1_and_2.py / stage3.py `step`: the gradient partition widened to
+# fp32, its norm, the clip, the narrowing back, the gathers), on the CPU accelerator, as bytes per parameter through
+# the host's memory beside the optimizer's own (on a GPU not charged, as ZERO_PASS_BYTES_PER_PARAM): the ~20 M- and
+# ~100 M-parameter ZeRO-2 rows of `make bench` step at ~4.7 ns/param, of which the optimizer takes ~0.5; the rest at
+# the probed 31 GB/s is ~130 B/param.
+NO_OFFLOAD_STEP_BYTES_PER_PARAM = 130
+# Seconds per optimizer step DeepSpeed's engine spends outside the work above (its step bookkeeping: loss scale,
+# overflow check, scheduler, timers): the ~1 M-parameter ZeRO-2 + optimizer-on-CPU row's update phase minus CPU-Adam
+# and the host copies.
+STEP_FIXED_SECONDS = 1.5e-3
 
 
 @dataclass(frozen=True)
@@ -48,6 +129,20 @@ class Rates:
     nvme_write_bytes_per_s: float
     sources: dict  # figure name -> "measured" | "described" | "nominal"
     pcie_pageable_bytes_per_s: float | None = None  # the same from pageable memory, when measured
+    cpu_memory_bytes_per_s: float | None = None  # the node's DRAM bandwidth (host copies; the CPU device's memory)
+    device_memory_bytes_per_s: float | None = None  # a GPU's memory bandwidth (the [roofline] floor); None: none
+    # CPU-Adam params/s of one rank by its thread count, measured (a rank gets OMP_NUM_THREADS = cores // R,
+    # launch.LaunchSpec.threads_per_rank); empty: cpu_adam_params_per_s shared out over the R ranks
+    cpu_adam_params_per_s_by_threads: dict = field(default_factory=dict)
+    # torch's fused AdamW the same way: the CPU accelerator's optimizer when nothing is offloaded
+    torch_adam_params_per_s_by_threads: dict = field(default_factory=dict)
+    cpu_cores: int = 0  # per node
+    # The passes measured at the model's shapes on this device (inspection/passes.py): seconds per micro-batch of
+    # `passes_tokens` tokens for one more transformer block, and for the rest (embedding, head, loss, framework);
+    # None: FLOPs at compute_flops_per_s
+    passes_per_layer_seconds: float | None = None
+    passes_fixed_seconds: float | None = None
+    passes_tokens: int = 0
 
     def host_device_bytes_per_s(self, pinned: bool) -> float:
         """The host<->device rate DeepSpeed's offload copies get: pinned, or pageable when pin_memory is off
@@ -55,6 +150,33 @@ class Rates:
         if pinned:
             return self.pcie_bytes_per_s
         return self.pcie_pageable_bytes_per_s or self.pcie_bytes_per_s * PAGEABLE_TO_PINNED
+
+    def adam_params_per_s_per_rank(self, ranks_per_node: int, torch_adam: bool = False) -> float:
+        """One rank's Adam rate on the CPU while all R step at once: DeepSpeedCPUAdam's (or `torch_adam`: torch's
+        fused AdamW's, when measured) at the rank's thread count, else the node's CPU-Adam rate shared out."""
+        threads = max(1, self.cpu_cores // ranks_per_node) if self.cpu_cores else 0
+        table = self.torch_adam_params_per_s_by_threads if torch_adam else self.cpu_adam_params_per_s_by_threads
+        measured = table.get(threads) or self.cpu_adam_params_per_s_by_threads.get(threads)
+        return measured or self.cpu_adam_params_per_s / ranks_per_node
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the step-time model needs of the model and the workload."""
+
+    params: int  # all parameters (they size the transfers and the optimizer)
+    compute_params: int  # those that do matmul work per token (an untied input embedding does not)
+    layers: int = 0
+    hidden: int = 0
+    param_tensors: int = 0  # parameter tensors (ZeRO-3 gathers and releases each one per pass)
+    seq_len: int = 0
+    micro_batch: int = 1
+    grad_accum: int = 1
+    recompute: bool = False
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -67,7 +189,20 @@ class StepEstimate:
     nvme_seconds_per_step: float
     step_seconds: float
     tokens_per_s: float
-    offload_overhead_fraction: float  # share of the step not spent computing
+    offload_overhead_fraction: float  # share of the step that offloading adds (transfers, CPU-Adam, swaps)
+    host_copy_seconds_per_step: float = 0.0  # [DS-step] copies and conversions in host memory
+    framework_seconds_per_step: float = 0.0  # [DS-hooks] ZeRO-3 hooks and the engine's per-step bookkeeping
+    passes_seconds: float = 0.0  # the forward/backward phase (what the trainer measures as "passes")
+    update_seconds: float = 0.0  # the optimizer-step phase ("update")
+    # the same step scaled by what finished runs of this strategy on this host measured (plan/calibration.py);
+    # None: no such runs
+    calibrated_step_seconds: float | None = None
+    calibration: dict | None = None  # the factors per phase and the number of runs they come from
+
+    @property
+    def expected_seconds(self) -> float:
+        """What the plan ranks by: the calibrated step where finished runs calibrated it, else this model's."""
+        return self.calibrated_step_seconds or self.step_seconds
 
     def to_json(self) -> dict:
         return {
@@ -75,104 +210,242 @@ class StepEstimate:
             "pcie_bytes_per_step": self.pcie_bytes_per_step,
             "pcie_seconds_per_step": self.pcie_seconds_per_step,
             "cpu_adam_seconds_per_step": self.cpu_adam_seconds_per_step,
+            "host_copy_seconds_per_step": self.host_copy_seconds_per_step,
+            "framework_seconds_per_step": self.framework_seconds_per_step,
             "nvme_bytes_per_step": self.nvme_bytes_per_step,
             "nvme_seconds_per_step": self.nvme_seconds_per_step,
+            "passes_seconds": self.passes_seconds,
+            "update_seconds": self.update_seconds,
             "step_seconds": self.step_seconds,
             "tokens_per_s": self.tokens_per_s,
             "offload_overhead_fraction": self.offload_overhead_fraction,
+            "calibrated_step_seconds": self.calibrated_step_seconds,
+            "calibration": self.calibration,
         }
 
 
-def flops_per_token(params: int, recompute: bool) -> int:
-    """[seeds-F] 6·P (forward 2·P + backward 4·P), 8·P when activations are recomputed."""
-    return (8 if recompute else 6) * params
+def flops_per_token(params: int, recompute: bool, layers: int = 0, hidden: int = 0, seq_len: int = 0) -> int:
+    """[seeds-F] 6·P (forward 2·P + backward 4·P), 8·P when activations are recomputed; plus [Narayanan] the
+    attention's 12·L·s·h (16·L·s·h recomputed), when the shape is given."""
+    weights = (8 if recompute else 6) * params
+    attention = (16 if recompute else 12) * layers * seq_len * hidden
+    return weights + attention
 
 
-def compute_seconds(params: int, tokens_per_rank: int, recompute: bool, flops_per_s: float) -> float:
-    return flops_per_token(params, recompute) * tokens_per_rank / flops_per_s
+def compute_seconds(shape: Shape, rates: Rates) -> float:
+    """The passes' own work per optimizer step (M micro-batches): measured at the model's shapes when the probe
+    timed them (L x a block + the rest), else [seeds-F]/[Narayanan] FLOPs at the device's rate, no faster than
+    the [roofline] floor of streaming the weights from device memory."""
+    if rates.passes_per_layer_seconds is not None and rates.passes_fixed_seconds is not None:
+        per_micro_batch = shape.layers * rates.passes_per_layer_seconds + rates.passes_fixed_seconds
+        scale = shape.tokens_per_micro_batch / rates.passes_tokens if rates.passes_tokens else 1.0
+        return per_micro_batch * scale * shape.grad_accum  # another micro-batch (batch advice): in proportion
+    tokens = shape.tokens_per_micro_batch * shape.grad_accum
+    flops = flops_per_token(shape.compute_params, shape.recompute, shape.layers, shape.hidden, shape.seq_len)
+    t_flops = flops * tokens / rates.compute_flops_per_s
+    bandwidth = rates.device_memory_bytes_per_s
+    if not bandwidth:
+        return t_flops
+    passes = 4 if shape.recompute else 3  # the backward counts twice [non-matmul]
+    t_elementwise = passes * NONMATMUL_BYTES_PER_HIDDEN * shape.hidden * shape.layers * tokens / bandwidth
+    reads = WEIGHT_READS_RECOMPUTE if shape.recompute else WEIGHT_READS
+    t_weights = reads * BYTES_16BIT * shape.compute_params * shape.grad_accum / bandwidth
+    return max(t_flops, t_weights) + t_elementwise
+
+
+def device_optimizer_seconds(params: int, world: int, rates: Rates) -> float:
+    """The optimizer on the GPU (no offload): torch's fused AdamW streams the same [seeds-A] bytes as CPU-Adam,
+    plus the 16-bit copy it writes, through device memory; 0 when the bandwidth is not known."""
+    if not rates.device_memory_bytes_per_s:
+        return 0.0
+    return (ADAM_BYTES_PER_PARAM + BYTES_16BIT) * params / world / rates.device_memory_bytes_per_s
+
+
+def no_offload_step_seconds(params: int, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool) -> float:
+    """DeepSpeed's step around the optimizer when nothing is offloaded, on the CPU accelerator
+    (NO_OFFLOAD_STEP_BYTES_PER_PARAM at the rank's share of the bandwidth); 0 on a GPU (see the constant)."""
+    bandwidth = 0.0 if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node
+    return NO_OFFLOAD_STEP_BYTES_PER_PARAM * params / world / bandwidth if bandwidth else 0.0
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """Host<->device bytes per GPU per optimizer step, by when they move [seeds-B] [ZeRO-Inf]."""
+
+    gradients: int = 0  # 16-bit gradients down, overlapped with the backward (overlap_comm)
+    fetches: int = 0  # offloaded 16-bit parameters up, before each forward and backward: in the passes
+    weights: int = 0  # updated 16-bit weights across after the optimizer step: in the update
+
+    @property
+    def total(self) -> int:
+        return self.gradients + self.fetches + self.weights
+
+
+def transfers(params: int, strategy: Strategy, world: int, grad_accum: int) -> Transfers:
+    """Optimizer offloaded: gradients down (2 B/param, overlapped with backward) and updated weights up
+    (2 B/param, after the CPU step) [seeds-B]. Parameters offloaded: the 16-bit partition is fetched for
+    the forward and again for the backward of every micro-batch (2 x 2 B/param) [ZeRO-Inf]; with the optimizer
+    on the host the updated weights then stay there (no upload); with the optimizer on the GPU the updated
+    partition goes back down (2 B/param). The fetches are charged in full: prefetching hides only part of them
+    in practice (DeepSpeed issue 3901, Falcon-7B on 8 x A100: ZeRO-3 2.86 s/step, with parameter offload
+    6.05 s/step)."""
+    partition = params // world
+    gradients = fetches = weights = 0
+    if strategy.offload_optimizer != "none":
+        gradients = BYTES_16BIT * partition
+        if strategy.offload_param == "none":
+            weights = BYTES_16BIT * partition
+    if strategy.offload_param != "none":
+        fetches = 2 * BYTES_16BIT * partition * grad_accum
+        if strategy.offload_optimizer == "none":
+            weights = BYTES_16BIT * partition
+    return Transfers(gradients, fetches, weights)
 
 
 def pcie_bytes(params: int, strategy: Strategy, world: int, grad_accum: int) -> tuple[int, int]:
-    """(overlapped, serial) host<->device bytes per GPU per optimizer step.
-
-    Optimizer offloaded: gradients down (2 B/param, overlapped with backward) and updated weights up
-    (2 B/param, after the CPU step) [seeds-B]. Parameters offloaded: the 16-bit partition is fetched for
-    the forward and again for the backward of every micro-batch (2 x 2 B/param) [ZeRO-Inf]; the updated
-    weights then stay on the host, so there is no upload. The fetches are charged in full: prefetching
-    hides only part of them in practice (DeepSpeed issue 3901, Falcon-7B on 8 x A100: ZeRO-3 2.86 s/step,
-    with parameter offload 6.05 s/step)."""
-    partition = params // world
-    overlapped = serial = 0
-    if strategy.offload_optimizer != "none":
-        overlapped += BYTES_16BIT * partition
-        if strategy.offload_param == "none":
-            serial += BYTES_16BIT * partition
-    if strategy.offload_param != "none":
-        serial += 2 * BYTES_16BIT * partition * grad_accum
-    return overlapped, serial
+    """(overlapped, serial) host<->device bytes per GPU per optimizer step (`transfers`)."""
+    moved = transfers(params, strategy, world, grad_accum)
+    return moved.gradients, moved.fetches + moved.weights
 
 
-def cpu_adam_seconds(params: int, world: int, ranks_per_node: int, params_per_s: float) -> float:
-    """[seeds-A] the node updates the partitions of its R ranks with all its cores."""
-    return params * ranks_per_node / world / params_per_s
+def cpu_adam_seconds(params: int, world: int, ranks_per_node: int, rates: Rates, torch_adam: bool = False) -> float:
+    """[seeds-A] each rank updates its partition with its share of the node's cores, all ranks at once
+    (`torch_adam`: torch's fused AdamW, the CPU accelerator's optimizer when nothing is offloaded)."""
+    return params / world / rates.adam_params_per_s_per_rank(ranks_per_node, torch_adam)
+
+
+def host_bytes(
+    params: int, strategy: Strategy, world: int, moved: Transfers, has_gpu: bool, accum: int
+) -> tuple[int, int]:
+    """(passes, update) bytes of host memory traffic per rank per optimizer step where the optimizer runs on the
+    host (offloaded, or on the CPU accelerator): [DS-step]'s norm and narrowing in the update, and on the CPU
+    accelerator the widening of each micro-batch's gradients in the passes and the transfers, which are memcpys
+    there (each byte read and written)."""
+    optimizer_on_host = strategy.offload_optimizer != "none" or not has_gpu
+    update = HOST_UPDATE_BYTES_PER_PARAM * params // world if optimizer_on_host else 0
+    passes = 0
+    if not has_gpu:
+        passes = HOST_WIDEN_BYTES_PER_PARAM * params // world * accum + 2 * moved.fetches
+        update += 2 * moved.weights
+    return passes, update
+
+
+def framework_seconds(
+    shape: Shape, strategy: Strategy, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool
+) -> float:
+    """[DS-hooks] ZeRO's own cost in the passes: ZeRO-3's per-tensor gather/release hooks every pass, ZeRO-1/2's
+    per-tensor copy to the offloaded partition, and the per-parameter work through device memory (a GPU's, when
+    its datasheet is known; on the CPU accelerator the rank's share of the node's), every micro-batch."""
+    passes = 3 if shape.recompute else 2
+    zero3 = strategy.zero_stage >= 3
+    offloaded = strategy.offload_optimizer != "none"
+    if zero3:
+        fetch = FETCH_SECONDS_PER_TENSOR if strategy.offload_param != "none" else 0.0
+        per_tensor = (HOOK_SECONDS_PER_TENSOR + fetch) * passes
+    elif offloaded:
+        per_tensor = OFFLOAD_HOOK_SECONDS_PER_TENSOR
+    else:
+        per_tensor = 0.0
+    # measured on the CPU accelerator only: charged there (see ZERO_PASS_BYTES_PER_PARAM)
+    bandwidth = 0.0 if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node
+    per_param = ZERO_PASS_BYTES_PER_PARAM[(zero3, offloaded, strategy.offload_param)] * shape.params / world
+    t_params = per_param / bandwidth if bandwidth else 0.0
+    return (per_tensor * shape.param_tensors + t_params) * shape.grad_accum
 
 
 def nvme_bytes(params: int, strategy: Strategy, world: int, ranks_per_node: int, grad_accum: int) -> tuple[int, int]:
     """(read, write) NVMe bytes per node per optimizer step [ZeRO-Inf]."""
+    fetched, (read, write) = _nvme_parts(params, strategy, world, ranks_per_node, grad_accum)
+    return fetched + read, write
+
+
+def _nvme_parts(
+    params: int, strategy: Strategy, world: int, ranks_per_node: int, grad_accum: int
+) -> tuple[int, tuple[int, int]]:
+    """(parameter reads in the passes, (read, write) in the update) NVMe bytes per node per step [ZeRO-Inf]."""
     per_node = params * ranks_per_node // world
-    read = write = 0
+    fetched = read = write = 0
     if strategy.offload_optimizer == "nvme":
-        state = (OPTIMIZER_BYTES_PER_PARAM + BYTES_FP32) * per_node  # master, m, v + fp32 gradient
+        state = OPTIMIZER_BYTES_PER_PARAM * per_node  # master, m, v: in before the step, out after it
         read += state
         write += state
     if strategy.offload_param == "nvme":
-        read += 2 * BYTES_16BIT * per_node * grad_accum  # forward + backward fetches
+        fetched = 2 * BYTES_16BIT * per_node * grad_accum  # forward + backward fetches
         write += BYTES_16BIT * per_node  # updated weights
-    return read, write
+    return fetched, (read, write)
 
 
 def estimate_step(
-    params: int,
+    shape: Shape,
     strategy: Strategy,
     rates: Rates,
     *,
     world: int,
     ranks_per_node: int,
-    micro_batch: int,
-    grad_accum: int,
-    seq_len: int,
-    recompute: bool,
     has_gpu: bool,
-    compute_params: int | None = None,
     pinned: bool = True,
 ) -> StepEstimate:
-    """`params` size the transfers and the optimizer; `compute_params` (default: all of them) the FLOPs;
+    """Both phases of one optimizer step [seeds-O]. Passes: the compute, or the gradient copies it overlaps when
+    they take longer, then the ZeRO-3 hooks and the parameter fetches (PCIe, NVMe), which wait. Update: CPU-Adam,
+    DeepSpeed's host copies, the weights across PCIe, the optimizer's NVMe swap, the engine's fixed cost.
     `pinned`: whether the offloaded host buffers are page-locked (pin_memory), which sets the copy rate."""
-    tokens_per_rank = micro_batch * grad_accum * seq_len
-    t_compute = compute_seconds(compute_params or params, tokens_per_rank, recompute, rates.compute_flops_per_s)
-    overlapped, serial = pcie_bytes(params, strategy, world, grad_accum) if has_gpu else (0, 0)
-    if not pinned:  # [pageable] a copy to pageable memory is synchronous: nothing overlaps the backward
-        overlapped, serial = 0, overlapped + serial
+    params, accum = shape.params, shape.grad_accum
+    t_compute = compute_seconds(shape, rates)
+    moved = transfers(params, strategy, world, accum)
+    host_passes, host_update = host_bytes(params, strategy, world, moved, has_gpu, accum)
+    bandwidth = (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node  # the rank's share: all ranks copy at once
+    t_host_passes = host_passes / bandwidth if bandwidth else 0.0
+    t_host_update = host_update / bandwidth if bandwidth else 0.0
+    if not has_gpu:  # the CPU accelerator: no PCIe; its copies are the host traffic above
+        moved = Transfers()
     pcie_rate = rates.host_device_bytes_per_s(pinned)
-    t_pcie_overlapped = overlapped / pcie_rate
-    t_pcie_serial = serial / pcie_rate
-    # Without offload the optimizer runs where the weights are: fused on the GPU (negligible next to the
-    # passes), or on the CPU accelerator, where it is the same memory-bound CPU loop as CPU-Adam.
+    t_gradients, t_fetches, t_weights = (b / pcie_rate for b in (moved.gradients, moved.fetches, moved.weights))
+    # [seeds-O] the gradient copies hide behind the backward, unless [pageable]: a copy to pageable memory is
+    # synchronous, so nothing overlaps
+    t_overlapped = max(t_compute, t_gradients) if pinned else t_compute + t_gradients
+    # Without offload the optimizer runs where the weights are: fused on the GPU, or on the CPU accelerator,
+    # where it is the same memory-bound CPU loop as CPU-Adam.
     optimizer_on_cpu = strategy.offload_optimizer != "none" or not has_gpu
-    t_adam = cpu_adam_seconds(params, world, ranks_per_node, rates.cpu_adam_params_per_s) if optimizer_on_cpu else 0.0
-    read, write = nvme_bytes(params, strategy, world, ranks_per_node, grad_accum)
-    t_nvme = read / rates.nvme_read_bytes_per_s + write / rates.nvme_write_bytes_per_s
-    # [seeds-O]: copies that overlap compute cost max(); the update, the upload and the swap add.
-    step = max(t_compute, t_pcie_overlapped) + t_pcie_serial + t_adam + t_nvme
-    tokens_per_step = tokens_per_rank * world
+    no_offload = strategy.offload_optimizer == "none"
+    if optimizer_on_cpu:  # on the CPU accelerator without offload: torch's fused AdamW (dsconfig.uses_torch_adam)
+        t_adam = cpu_adam_seconds(params, world, ranks_per_node, rates, torch_adam=no_offload)
+    else:
+        t_adam = device_optimizer_seconds(params, world, rates)
+    t_step = no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu) if no_offload else 0.0
+    fetched, (read, write) = _nvme_parts(params, strategy, world, ranks_per_node, accum)
+    t_nvme_passes = fetched / rates.nvme_read_bytes_per_s
+    # [ZeRO-Inf] the swapper writes a sub-group out while it reads the next one in: the slower direction counts
+    t_nvme_update = max(read / rates.nvme_read_bytes_per_s, write / rates.nvme_write_bytes_per_s)
+    t_hooks = framework_seconds(shape, strategy, world, ranks_per_node, rates, has_gpu)
+
+    # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
+    passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes
+    update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
+    step = passes + update
+    # what the step would cost with nothing offloaded: the passes, ZeRO's own cost, the engine's, the optimizer
+    # where it would then run (on the GPU; the CPU accelerator's optimizer is on the CPU either way)
+    without_offload = t_compute + t_hooks + STEP_FIXED_SECONDS
+    if not strategy.offloads:
+        without_offload = step
+    elif no_offload:
+        without_offload += t_adam + t_step
+    else:  # the optimizer where it would run: on the GPU, or torch's fused AdamW on the CPU accelerator
+        on_device = device_optimizer_seconds(params, world, rates) if has_gpu else None
+        adam = on_device if on_device is not None else cpu_adam_seconds(params, world, ranks_per_node, rates, True)
+        without_offload += adam + no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu)
+    tokens_per_step = shape.tokens_per_micro_batch * accum * world
     return StepEstimate(
         compute_seconds_per_step=t_compute,
-        pcie_bytes_per_step=overlapped + serial,
-        pcie_seconds_per_step=t_pcie_overlapped + t_pcie_serial,
+        pcie_bytes_per_step=moved.total,
+        pcie_seconds_per_step=t_gradients + t_fetches + t_weights,
         cpu_adam_seconds_per_step=t_adam,
-        nvme_bytes_per_step=read + write,
-        nvme_seconds_per_step=t_nvme,
+        nvme_bytes_per_step=fetched + read + write,
+        nvme_seconds_per_step=t_nvme_passes + t_nvme_update,
         step_seconds=step,
         tokens_per_s=tokens_per_step / step,
-        offload_overhead_fraction=max(0.0, 1.0 - t_compute / step),
+        offload_overhead_fraction=max(0.0, 1.0 - without_offload / step),
+        host_copy_seconds_per_step=t_host_passes + t_host_update,
+        framework_seconds_per_step=t_hooks + STEP_FIXED_SECONDS,
+        passes_seconds=passes,
+        update_seconds=update,
     )

@@ -6,18 +6,26 @@ Everything here but `Progress` is plain arithmetic and file writing: the trainer
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from launcher.files import append_jsonl
 from launcher.job.spec import WARMUP_STEPS_EXCLUDED, RunSpec
 from launcher.rank.export import FINAL_DIR
 
 # measured / predicted ratios in run.json, for the figures the plan predicts and the run measures
-RATIO_KEYS = ("step_seconds", "gpu_bytes_per_device", "cpu_bytes_per_node", "nvme_bytes_per_node")
+RATIO_KEYS = (
+    "step_seconds",
+    "passes_seconds",
+    "update_seconds",
+    "gpu_bytes_per_device",
+    "cpu_bytes_per_node",
+    "nvme_bytes_per_node",
+)
 
 
 def peak_rss_bytes() -> int:
@@ -30,13 +38,6 @@ def node_count(world: int, environ: Mapping[str, str]) -> int:
 
 
 # ------------------------------------------------------------------------------------------- metrics
-
-
-def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def read_losses(path: Path) -> list[float]:
@@ -119,6 +120,24 @@ def step_record(
     return record
 
 
+class PhaseClock:
+    """Seconds per phase of one optimizer step: `lap(name)` charges the time since the last lap to `name`,
+    after `synchronize` (the device's queued work belongs to the phase that queued it). The phases are the
+    step-time model's: "passes" (forward and backward with what they overlap) and "update" (the optimizer
+    step: CPU-Adam, the weight upload, the NVMe swap)."""
+
+    def __init__(self, synchronize: Callable[[], None]):
+        self.synchronize = synchronize
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        self.synchronize()
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+
 class Metrics:
     """The steps of this run: OUT/metrics.jsonl (written by rank 0 only, so `enabled` there), the losses of
     every step so far (those of an earlier, resumed run included) and this process's step times."""
@@ -127,15 +146,22 @@ class Metrics:
         self.path, self.enabled = path, enabled
         self.losses: list[float] = read_losses(path) if enabled else []
         self.step_seconds: list[float] = []
+        self.phase_seconds: dict[str, list[float]] = {}  # phase -> this process's seconds per step
 
     def add(self, record: dict) -> None:
         self.step_seconds.append(record["step_seconds"])
+        for phase in PHASES:
+            if phase in record:
+                self.phase_seconds.setdefault(phase, []).append(record[phase])
         if self.enabled:
             append_jsonl(self.path, record)
             self.losses.append(record["loss"])
 
 
 # ------------------------------------------------------------------------------------------- summary
+
+
+PHASES = ("passes", "update")  # PhaseClock's phase names, as metrics.jsonl records them
 
 
 def median_step_seconds(step_seconds: list[float]) -> float | None:
@@ -150,9 +176,11 @@ def measured_figures(
     cpu_bytes_per_node: int,
     nvme_bytes_per_node: int,
     gpu: dict | None,
+    phase_seconds: dict[str, list[float]] | None = None,
 ) -> dict:
     """run.json's "measured": the figures the plan predicted, as this run measured them; `gpu`
-    (GpuPeaks.measured: the largest step's figures over ranks, and their source) with a GPU."""
+    (GpuPeaks.measured: the largest step's figures over ranks, and their source) with a GPU; `phase_seconds`
+    (Metrics.phase_seconds) the step's phases, each as its median after the warm-up step."""
     median = median_step_seconds(step_seconds)
     measured = {
         "step_seconds": median,  # median after the warm-up step
@@ -160,14 +188,20 @@ def measured_figures(
         "cpu_bytes_per_node": cpu_bytes_per_node,  # peak RSS of this node's ranks, summed
         "nvme_bytes_per_node": nvme_bytes_per_node,  # swap files at the end of training
     }
+    for phase, seconds in (phase_seconds or {}).items():
+        measured[f"{phase}_seconds"] = median_step_seconds(seconds)
     if gpu is not None:
         measured.update(gpu)  # GPU_FIGURES (the largest step, max over ranks) and GPU_SOURCE
     return measured
 
 
 def ratios(measured: dict, predicted: dict) -> dict:
-    """measured / predicted for each figure of RATIO_KEYS that both have (and is not zero)."""
-    return {key: measured[key] / predicted[key] for key in RATIO_KEYS if measured.get(key) and predicted.get(key)}
+    """measured / predicted for each figure of RATIO_KEYS that both have (and is not zero), and the measured step
+    over the calibrated prediction when there was one (plan/calibration.py)."""
+    found = {key: measured[key] / predicted[key] for key in RATIO_KEYS if measured.get(key) and predicted.get(key)}
+    if measured.get("step_seconds") and predicted.get("calibrated_step_seconds"):
+        found["calibrated_step_seconds"] = measured["step_seconds"] / predicted["calibrated_step_seconds"]
+    return found
 
 
 def run_summary(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from launcher.data.sampling import BlockOrder
 from launcher.files import folder_bytes, write_json_atomic
+from launcher.inspection.passes import enable_recompute
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec
 from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
@@ -28,6 +29,7 @@ from launcher.rank.progress import (
     GPU_SOURCES,
     GpuPeaks,
     Metrics,
+    PhaseClock,
     Progress,
     gpu_figures_from_vector,
     gpu_figures_vector,
@@ -78,6 +80,7 @@ class Trainer:
         self.gpu_memory = GpuMemory(torch, self.engine.device) if on_cuda(torch, self.engine.device) else None
         self.gpu_peaks = GpuPeaks()
         self.gpu_step: dict | None = None  # the last step's GPU figures, max over ranks
+        self.phase_seconds: dict = {}  # the last step's seconds per phase (PhaseClock)
         start_schedule_at_step_one(self.engine.lr_scheduler)
         if spec.nvme_swap_dir and self.local_rank == 0:  # says whose swap files these are (preflight reads it)
             Path(spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)
@@ -135,11 +138,7 @@ class Trainer:
             config = AutoConfig.from_pretrained(self.spec.model, **kwargs)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
         if self.spec.activation_checkpointing:
-            # transformers 5.x renamed gradient_checkpointing_enable (and its kwargs argument).
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_recompute(model)
         model.config.use_cache = False
         return model
 
@@ -167,18 +166,29 @@ class Trainer:
         if self.gpu_memory is not None:
             self.gpu_memory.start_step()
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.engine.device)
+        clock = PhaseClock(self.synchronize)
         for micro in range(self.grad_accum):
             ids = batch(micro)
             loss = self.engine(input_ids=ids, labels=ids).loss
             self.engine.backward(loss)
             if step is not None:
                 kill_point("step", step, self.rank)
-            self.engine.step()
+            last = micro == self.grad_accum - 1
+            clock.lap("passes")  # forward, backward and (with overlap_comm) the gradient copies they overlap
+            self.engine.step()  # the optimizer step runs at the boundary, after the last micro-batch
+            clock.lap("update" if last else "passes")
             loss_sum += loss.detach().float()
         self.dist.all_reduce(loss_sum)
+        self.phase_seconds = clock.seconds
         if self.gpu_memory is not None:
             self.gpu_step = self._gather_gpu_step(*self.gpu_memory.end_step())
         return loss_sum.item() / (self.grad_accum * self.world)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work, so that a phase's clock stops when its work has (CUDA launches are
+        asynchronous; DeepSpeed's CPU accelerator is synchronous and this returns at once)."""
+        if on_cuda(self.torch, self.engine.device):
+            self.torch.cuda.synchronize(self.engine.device)
 
     def _gather_gpu_step(self, figures: dict, source: str) -> dict:
         """This step's GPU figures, the largest rank's (each figure on its own), added to the run's peaks.
@@ -216,7 +226,8 @@ class Trainer:
             loss = self.train_step(self.batches(order, step), step)
             seconds = time.perf_counter() - t0
             skipped = int(self.engine.skipped_steps)
-            metrics.add(step_record(step, loss, lr, self.tokens_per_step, seconds, skipped, self.gpu_step))
+            record = step_record(step, loss, lr, self.tokens_per_step, seconds, skipped, self.gpu_step)
+            metrics.add({**record, **self.phase_seconds})
             progress.update(loss, self.tokens_per_step / seconds)
             if not math.isfinite(loss):
                 progress.close()
@@ -229,7 +240,12 @@ class Trainer:
         """run.json's contents (progress.run_summary). Collective: it gathers every rank's peak RSS."""
         peak, cpu_per_node = self.cpu_peaks()
         measured = measured_figures(
-            metrics.step_seconds, self.tokens_per_step, cpu_per_node, nvme_bytes, self.gpu_peaks.measured()
+            metrics.step_seconds,
+            self.tokens_per_step,
+            cpu_per_node,
+            nvme_bytes,
+            self.gpu_peaks.measured(),
+            metrics.phase_seconds,
         )
         stage, optimizer_at, param_at = self.planned_placement()
         setup = {

@@ -120,10 +120,12 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
         lines.append(
             f"{mark} {c.strategy.label:<34}{_cell(c.memory.gpu_bytes_per_device):>13}"
             f"{_cell(c.memory.cpu_bytes):>13}{_cell(c.memory.nvme_bytes):>13}  {fits:<4}"
-            f"{t.step_seconds:>10.3g}{t.tokens_per_s:>11,.0f}{t.offload_overhead_fraction:>9.0%}"
+            f"{seconds_cell(t):>10}{t.tokens_per_s:>11,.0f}{t.offload_overhead_fraction:>9.0%}"
         )
     if not h.has_gpu:
         lines.append("  * CPU accelerator: the per-rank device memory is CPU RAM and is included in CPU/node")
+    if any(c.timing.calibration for c in plan.candidates):
+        lines.append("  c: calibrated by finished runs of that strategy on this host (see Choice)")
     lines.append("")
     if plan.chosen:
         lines.append(f"Choice    {plan.chosen.strategy.label}")
@@ -158,17 +160,50 @@ def memory_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def step_parts(plan: Plan) -> tuple[tuple[str, float, int | None, str], ...]:
+    """The chosen step's parts: (name, seconds, bytes moved or None, colour), as both views show them."""
+    t = plan.chosen.timing
+    on_gpu = plan.host.has_gpu and plan.chosen.strategy.offload_optimizer == "none"
+    return (
+        ("compute", t.compute_seconds_per_step, None, "green"),
+        ("PCIe", t.pcie_seconds_per_step, t.pcie_bytes_per_step, "cyan"),
+        ("GPU Adam" if on_gpu else "CPU-Adam", t.cpu_adam_seconds_per_step, None, "yellow"),
+        ("host copies", t.host_copy_seconds_per_step, None, "blue"),
+        ("ZeRO/engine", t.framework_seconds_per_step, None, "white"),
+        ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
+    )
+
+
+def seconds_cell(t) -> str:
+    """A candidate's s/step as the plan ranks it: calibrated ones marked c (plan/calibration.py)."""
+    return f"{t.calibrated_step_seconds:.3g}c" if t.calibrated_step_seconds else f"{t.step_seconds:.3g}"
+
+
+def calibration_line(t) -> list[str]:
+    if not t.calibration:
+        return []
+    c = t.calibration
+    return [
+        f"    calibrated by {c['runs']} finished run{'s' if c['runs'] != 1 else ''} of this strategy on this host "
+        f"(measured / predicted: passes x{c['passes']:.2f}, update x{c['update']:.2f}): "
+        f"{t.calibrated_step_seconds:.3g} s/step; first principles {t.step_seconds:.3g} s/step"
+    ]
+
+
 def time_lines(plan: Plan) -> list[str]:
-    """The predicted step split into compute, PCIe, CPU-Adam and NVMe, and where each rate came from."""
+    """The predicted step split into its parts and phases, and where each rate came from."""
     t, r = plan.chosen.timing, plan.rates
     sources = ", ".join(f"{k} {v}" for k, v in sorted(r.sources.items()))
+    parts = " | ".join(
+        f"{name} {fmt_bytes(moved)} in {seconds:.3g} s" if moved is not None else f"{name} {seconds:.3g} s"
+        for name, seconds, moved, _colour in step_parts(plan)
+    )
     return [
         "  predicted step (overlapped copies cost max(compute, copy), the rest adds):",
-        f"    compute {t.compute_seconds_per_step:.3g} s | PCIe {fmt_bytes(t.pcie_bytes_per_step)} in "
-        f"{t.pcie_seconds_per_step:.3g} s | CPU-Adam {t.cpu_adam_seconds_per_step:.3g} s | NVMe "
-        f"{fmt_bytes(t.nvme_bytes_per_step)} in {t.nvme_seconds_per_step:.3g} s",
-        f"    = {t.step_seconds:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, "
-        f"{t.offload_overhead_fraction:.0%} of the step lost to offload",
+        f"    {parts}",
+        f"    = passes {t.passes_seconds:.3g} s + update {t.update_seconds:.3g} s = {t.step_seconds:.3g} s/step, "
+        f"{t.tokens_per_s:,.0f} tokens/s, {t.offload_overhead_fraction:.0%} of the step lost to offload",
+        *calibration_line(t),
         f"  rates: compute {r.compute_flops_per_s / 1e12:.3g} TFLOP/s, PCIe {r.pcie_bytes_per_s / 1e9:.3g} GB/s, "
         f"CPU-Adam {r.cpu_adam_params_per_s / 1e9:.3g} G params/s, NVMe {r.nvme_read_bytes_per_s / 1e9:.3g}/"
         f"{r.nvme_write_bytes_per_s / 1e9:.3g} GB/s read/write ({sources})",
@@ -266,7 +301,7 @@ def candidates_table(plan: Plan, bar_cells: int = BAR_CELLS) -> Table:
             tier_bar(c.memory.gpu_bytes_per_device, usable["GPU"], bar_cells),
             tier_bar(c.memory.cpu_bytes, usable["CPU"], bar_cells),
             tier_bar(c.memory.nvme_bytes, usable["NVMe"] or 0, bar_cells),  # 0: no NVMe, any need is red
-            Text(f"{t.step_seconds:.3g}"),
+            Text(seconds_cell(t)),
             Text(f"{t.offload_overhead_fraction:.0%}"),
         )
     return table
@@ -284,13 +319,7 @@ def step_table(plan: Plan, cells: int = STEP_BAR_CELLS) -> Table:
     table.add_column("seconds", justify="right", no_wrap=True)
     table.add_column("share of the step", no_wrap=True)
     table.add_column("moves", justify="right", no_wrap=True)
-    parts = (
-        ("compute", t.compute_seconds_per_step, None, "green"),
-        ("PCIe", t.pcie_seconds_per_step, t.pcie_bytes_per_step, "cyan"),
-        ("CPU-Adam", t.cpu_adam_seconds_per_step, None, "yellow"),
-        ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
-    )
-    for name, seconds, moved, color in parts:
+    for name, seconds, moved, color in step_parts(plan):
         filled = min(cells, round(seconds / t.step_seconds * cells)) if t.step_seconds else 0
         bar = Text("█" * filled, style=color)
         bar.append("░" * (cells - filled), style="dim")
@@ -330,6 +359,8 @@ def plan_rich(plan: Plan, ds_config: dict | None, *, show_config: bool = True, b
         parts.append(Text("\n".join(memory_lines(plan))))
         parts.append(Text("  predicted step (overlapped copies cost max(compute, copy), the rest adds):"))
         parts.append(Padding(step_table(plan), (0, 0, 0, 4), expand=False))
+        if plan.chosen.timing.calibration:
+            parts.append(Text("\n".join(calibration_line(plan.chosen.timing)), style="yellow"))
         parts.append(Text("\n".join(time_lines(plan)[-1:]), style="dim"))  # the rates and their sources
     else:
         parts.append(section("Choice    nothing fits this host", "bold red"))

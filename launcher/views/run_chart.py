@@ -29,6 +29,9 @@ RATIO_TICKS = (0.01, 0.1, 0.25, 0.5, 1, 2, 4, 10, 100, 1000, 10_000, 100_000)
 # spellings are what runs written before the summary named its tiers per node used (cpu_bytes, nvme_bytes).
 COMPARED = (
     ("step time", "s", ("step_seconds",), ("step_seconds",)),
+    ("step, calibrated", "s", ("calibrated_step_seconds",), ("step_seconds",)),  # only after finished runs
+    ("passes", "s", ("passes_seconds",), ("passes_seconds",)),
+    ("update", "s", ("update_seconds",), ("update_seconds",)),
     ("GPU peak / device", "bytes", ("gpu_bytes_per_device",), ("gpu_bytes_per_device",)),
     ("CPU peak / node", "bytes", ("cpu_bytes_per_node", "cpu_bytes"), ("cpu_bytes_per_node",)),
     ("NVMe / node", "bytes", ("nvme_bytes_per_node", "nvme_bytes"), ("nvme_bytes_per_node",)),
@@ -69,6 +72,7 @@ class RunRecord:
     predicted_step_seconds: float | None
     finished: bool  # run.json exists
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+    rate_sources: dict = field(default_factory=dict)  # where each rate of the prediction came from
 
     @property
     def title(self) -> str:
@@ -125,6 +129,7 @@ def load_run(run_dir: Path) -> RunRecord:
     comparisons = tuple(
         Comparison(label, unit, _first(predicted, p_keys), _first(measured, m_keys))
         for label, unit, p_keys, m_keys in COMPARED
+        if _first(predicted, p_keys) is not None or p_keys[0] != "calibrated_step_seconds"
     )
     dated = run_dir / "run.json" if summary else metrics_path
     date = dt.datetime.fromtimestamp(dated.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
@@ -140,6 +145,7 @@ def load_run(run_dir: Path) -> RunRecord:
         predicted_step_seconds=predicted_step,
         finished=bool(summary),
         comparisons=comparisons,
+        rate_sources=predicted.get("rate_sources") or (plan.get("rates") or {}).get("sources") or {},
     )
 
 
@@ -179,9 +185,16 @@ def render_run(run_dir: Path, png: Path) -> Path:
     _draw_loss(loss_ax, record)
     _draw_step_time(time_ax, record)
     _draw_comparison(bottom.subplots(), record)
+    if record.rate_sources:
+        bottom.supxlabel(sources_line(record.rate_sources), fontsize=8, color="dimgray")
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, format=suffix, dpi=DPI)
     return png
+
+
+def sources_line(sources: dict) -> str:
+    """Where the predicted step's rates came from, one line ("rates: passes measured, pcie nominal, ...")."""
+    return "rates: " + ", ".join(f"{name.removesuffix('_per_s')} {source}" for name, source in sorted(sources.items()))
 
 
 def _step_axis(ax, record: RunRecord) -> None:

@@ -164,7 +164,7 @@ def test_probe_passes_the_models_shapes_to_the_gpu_matmuls(monkeypatch, cache_ho
 
     seen = {}
 
-    def fake_run_probe(nvme_path, *, quick, has_gpu, log, gpu_shapes=None, gpu_tokens=0):
+    def fake_run_probe(nvme_path, *, quick, has_gpu, log, gpu_shapes=None, gpu_tokens=0, nvme_sweep=()):
         seen.update(shapes=gpu_shapes, tokens=gpu_tokens, has_gpu=has_gpu)
         return probe.ProbeResult(host_id="h", date="d", figures={})
 

@@ -69,7 +69,7 @@ def test_nothing_fits_gives_the_whole_table(llama70b, write_host):
     tiny = "gpus: {count: 1, memory: 8GiB}\ncpu_memory: 16GiB\n"
     plan = plan_for(llama70b, tiny, write_host)
     assert plan.chosen is None
-    assert len(plan.candidates) == 10 and all(c.problems for c in plan.candidates)  # all but ZeRO-1 + offload
+    assert len(plan.candidates) == 11 and all(c.problems for c in plan.candidates)  # all but ZeRO-1 + offload
 
 
 def test_pinned_choices_restrict_candidates(llama7b):

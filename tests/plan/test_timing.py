@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from launcher.inspection.hostspec import load_host_spec
@@ -26,19 +28,13 @@ SEEDS_RATES = timing.Rates(  # the seeds' example: PCIe 4.0 at 32 GB/s, 150 TFLO
 ZERO_OFFLOAD = Strategy(2, "cpu")
 
 
+def shape(tokens: int, grad_accum: int = 1, recompute: bool = False) -> timing.Shape:
+    """The seeds' examples: 7 B parameters and nothing else known of the shape (FLOPs are 6·P per token)."""
+    return timing.Shape(SEVEN_B, SEVEN_B, seq_len=tokens, grad_accum=grad_accum, recompute=recompute)
+
+
 def seeds_step(tokens: int, strategy: Strategy = ZERO_OFFLOAD) -> timing.StepEstimate:
-    return timing.estimate_step(
-        SEVEN_B,
-        strategy,
-        SEEDS_RATES,
-        world=1,
-        ranks_per_node=1,
-        micro_batch=1,
-        grad_accum=1,
-        seq_len=tokens,
-        recompute=False,
-        has_gpu=True,
-    )
+    return timing.estimate_step(shape(tokens), strategy, SEEDS_RATES, world=1, ranks_per_node=1, has_gpu=True)
 
 
 def test_seeds_64k_tokens_hide_the_transfers():
@@ -73,7 +69,9 @@ def test_no_offload_moves_nothing_over_pcie():
 def test_overlap_is_max_and_serial_work_adds():
     step = seeds_step(2048)
     expected = max(step.compute_seconds_per_step, 14e9 / 32e9) + 14e9 / 32e9 + step.cpu_adam_seconds_per_step
-    assert step.step_seconds == pytest.approx(expected)
+    assert step.step_seconds == pytest.approx(expected + timing.STEP_FIXED_SECONDS)
+    assert step.passes_seconds == pytest.approx(max(step.compute_seconds_per_step, 14e9 / 32e9))
+    assert step.passes_seconds + step.update_seconds == pytest.approx(step.step_seconds)
 
 
 def test_recomputation_costs_a_forward():
@@ -83,8 +81,14 @@ def test_recomputation_costs_a_forward():
 
 def test_nvme_traffic():
     read, write = timing.nvme_bytes(SEVEN_B, Strategy(3, "nvme", "nvme"), world=1, ranks_per_node=1, grad_accum=2)
-    assert read == 16 * SEVEN_B + 2 * 2 * 2 * SEVEN_B
-    assert write == 16 * SEVEN_B + 2 * SEVEN_B
+    assert read == 12 * SEVEN_B + 2 * 2 * 2 * SEVEN_B  # master, m, v in; the parameters fetched twice per micro-batch
+    assert write == 12 * SEVEN_B + 2 * SEVEN_B  # master, m, v out; the updated 16-bit parameters
+
+
+def test_the_optimizer_swap_costs_its_slower_direction():
+    """[ZeRO-Inf] a sub-group's write overlaps the next one's read."""
+    step = timing.estimate_step(shape(2048), Strategy(3, "nvme"), SEEDS_RATES, world=1, ranks_per_node=1, has_gpu=True)
+    assert step.nvme_seconds_per_step == pytest.approx(max(12 * SEVEN_B / 7e9, 12 * SEVEN_B / 5e9))
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +113,18 @@ def test_time_beats_the_fixed_order(llama7b, write_host):
     assert any(r.startswith("runner-up ") and "s/step" in r for r in plan.reasons)
 
 
-def test_ties_keep_the_framework_order(llama7b):
-    # 192 GB RAM: both opt->cpu candidates fit (on 128 GB neither does and the optimizer goes to NVMe)
+def test_zero3_costs_its_hooks_so_zero2_wins_at_the_same_offload(llama7b):
+    # 192 GB RAM: both opt->cpu candidates fit (on 128 GB neither does and the optimizer goes to NVMe); they move
+    # the same bytes, and ZeRO-3 adds its per-tensor gather/release hooks [DS-hooks]
     plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
     zero2, zero3 = (
         next(c for c in plan.candidates if c.strategy == s) for s in (Strategy(2, "cpu"), Strategy(3, "cpu"))
     )
     assert zero2.fits and zero3.fits
-    assert zero2.timing.step_seconds == pytest.approx(zero3.timing.step_seconds)
+    assert zero3.timing.step_seconds - zero2.timing.step_seconds == pytest.approx(
+        zero3.timing.framework_seconds_per_step - zero2.timing.framework_seconds_per_step
+    )
+    assert zero3.timing.framework_seconds_per_step > 3 * zero2.timing.framework_seconds_per_step
     assert plan.chosen is zero2
 
 
@@ -154,16 +162,7 @@ def test_rates_sources(write_host):
 def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
     def step(accum: int) -> timing.StepEstimate:
         return timing.estimate_step(
-            SEVEN_B,
-            ZERO_OFFLOAD,
-            SEEDS_RATES,
-            world=1,
-            ranks_per_node=1,
-            micro_batch=1,
-            grad_accum=accum,
-            seq_len=2048,
-            recompute=True,
-            has_gpu=True,
+            shape(2048, accum, recompute=True), ZERO_OFFLOAD, SEEDS_RATES, world=1, ranks_per_node=1, has_gpu=True
         )
 
     one, two = step(4), step(8)
@@ -175,17 +174,7 @@ def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
 
 def _offload_step(rates: timing.Rates, pinned: bool) -> timing.StepEstimate:
     return timing.estimate_step(
-        SEVEN_B,
-        ZERO_OFFLOAD,
-        rates,
-        world=1,
-        ranks_per_node=1,
-        micro_batch=1,
-        grad_accum=1,
-        seq_len=1024,
-        recompute=False,
-        has_gpu=True,
-        pinned=pinned,
+        shape(1024), ZERO_OFFLOAD, rates, world=1, ranks_per_node=1, has_gpu=True, pinned=pinned
     )
 
 
@@ -198,13 +187,107 @@ def test_pageable_copies_use_the_pageable_rate_and_do_not_overlap():
     expected = 4 * SEVEN_B / (32e9 * timing.PAGEABLE_TO_PINNED)
     assert pageable.pcie_seconds_per_step == pytest.approx(expected)
     serial = pageable.compute_seconds_per_step + expected + pageable.cpu_adam_seconds_per_step
-    assert pageable.step_seconds == pytest.approx(serial)
+    assert pageable.step_seconds == pytest.approx(serial + timing.STEP_FIXED_SECONDS)
     assert pageable.step_seconds > pinned.step_seconds
 
 
 def test_a_measured_pageable_rate_wins_over_the_ratio():
-    from dataclasses import replace
 
     rates = replace(SEEDS_RATES, pcie_pageable_bytes_per_s=20e9)
     assert rates.host_device_bytes_per_s(False) == 20e9 and rates.host_device_bytes_per_s(True) == 32e9
     assert _offload_step(rates, pinned=False).pcie_seconds_per_step == pytest.approx(4 * SEVEN_B / 20e9)
+
+
+# ------------------------------------------------------------------------------------------ the terms (issue 14)
+
+
+def test_attention_adds_narayanans_term():
+    """[Narayanan] 12·L·s·h per token (16 with recomputation) beside the weights' 6·P (8·P)."""
+    assert timing.flops_per_token(SEVEN_B, False, layers=32, hidden=4096, seq_len=2048) == (
+        6 * SEVEN_B + 12 * 32 * 2048 * 4096
+    )
+    assert timing.flops_per_token(SEVEN_B, True, layers=32, hidden=4096, seq_len=2048) == (
+        8 * SEVEN_B + 16 * 32 * 2048 * 4096
+    )
+
+
+def test_the_elementwise_work_runs_at_device_memory_bandwidth_and_matters_for_small_hidden_sizes():
+    rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
+    wide = timing.Shape(SEVEN_B, SEVEN_B, layers=32, hidden=4096, seq_len=2048)
+    narrow = timing.Shape(SEVEN_B, SEVEN_B, layers=512, hidden=1024, seq_len=2048)  # the same P, thin and deep
+    flops_only = timing.compute_seconds(wide, SEEDS_RATES)
+    elementwise = 3 * timing.NONMATMUL_BYTES_PER_HIDDEN * 4096 * 32 * 2048 / 2e12
+    assert timing.compute_seconds(wide, rates) == pytest.approx(flops_only + elementwise)
+    assert timing.compute_seconds(narrow, rates) > 2 * timing.compute_seconds(wide, rates) - flops_only
+
+
+def test_few_tokens_per_micro_batch_are_memory_bound():
+    """[roofline] one token per micro-batch still streams every weight three times."""
+    rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
+    one_token = timing.Shape(SEVEN_B, SEVEN_B, seq_len=1)
+    assert timing.compute_seconds(one_token, rates) == pytest.approx(3 * 2 * SEVEN_B / 2e12)
+
+
+def test_measured_passes_replace_the_flops_and_scale_with_the_tokens():
+    rates = replace(SEEDS_RATES, passes_per_layer_seconds=0.01, passes_fixed_seconds=0.005, passes_tokens=512)
+    measured = timing.Shape(SEVEN_B, SEVEN_B, layers=4, seq_len=128, micro_batch=4, grad_accum=3)
+    assert timing.compute_seconds(measured, rates) == pytest.approx(3 * (4 * 0.01 + 0.005))
+    doubled = replace(measured, micro_batch=8)  # batch advice asks about another micro-batch
+    assert timing.compute_seconds(doubled, rates) == pytest.approx(2 * timing.compute_seconds(measured, rates))
+
+
+def test_parameters_offloaded_with_the_optimizer_on_the_gpu_send_the_update_back():
+    moved = timing.transfers(SEVEN_B, Strategy(3, "none", "cpu"), world=1, grad_accum=2)
+    assert moved == timing.Transfers(gradients=0, fetches=2 * 2 * 2 * SEVEN_B, weights=2 * SEVEN_B)
+    both = timing.transfers(SEVEN_B, Strategy(3, "cpu", "cpu"), world=1, grad_accum=2)
+    assert both.weights == 0  # the optimizer's host copy is the parameters' home
+
+
+def test_cpu_adam_runs_at_the_rate_measured_for_a_ranks_threads():
+    """4 ranks on 16 cores: each steps with 4 threads (OMP_NUM_THREADS), at the rate the probe measured there."""
+    rates = replace(SEEDS_RATES, cpu_cores=16, cpu_adam_params_per_s_by_threads={16: 8e9, 4: 3e9})
+    assert rates.adam_params_per_s_per_rank(4) == 3e9
+    assert rates.adam_params_per_s_per_rank(1) == 8e9
+    assert rates.adam_params_per_s_per_rank(2) == SEEDS_RATES.cpu_adam_params_per_s / 2  # 8 threads: not measured
+    assert timing.cpu_adam_seconds(SEVEN_B, world=4, ranks_per_node=4, rates=rates) == pytest.approx(SEVEN_B / 4 / 3e9)
+
+
+def test_host_copies_share_the_nodes_bandwidth_between_its_ranks():
+    rates = replace(SEEDS_RATES, cpu_memory_bytes_per_s=100e9)
+
+    def host_seconds(ranks: int) -> float:
+        step = timing.estimate_step(shape(2048), ZERO_OFFLOAD, rates, world=ranks, ranks_per_node=ranks, has_gpu=True)
+        return step.host_copy_seconds_per_step
+
+    assert host_seconds(1) == pytest.approx(timing.HOST_UPDATE_BYTES_PER_PARAM * SEVEN_B / 100e9)
+    assert host_seconds(4) == pytest.approx(host_seconds(1))  # a quarter of the parameters at a quarter of the rate
+
+
+def test_zero_pays_per_tensor_and_per_parameter():
+    """[DS-hooks] ZeRO-3: every tensor every pass (more with the parameters offloaded); ZeRO-2 with the optimizer
+    offloaded: every tensor once per micro-batch; without offload no per-tensor hook. On the CPU accelerator each also
+    streams its bytes per parameter through the host's memory; on a GPU those are not charged."""
+    hooked = timing.Shape(SEVEN_B, SEVEN_B, param_tensors=291, seq_len=2048, grad_accum=2, recompute=True)
+    rates = replace(SEEDS_RATES, cpu_memory_bytes_per_s=50e9)
+
+    def framework(strategy: Strategy, has_gpu: bool = False) -> float:
+        return timing.framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=has_gpu)
+
+    def per_param(key) -> float:
+        return timing.ZERO_PASS_BYTES_PER_PARAM[key] * SEVEN_B / 50e9 * 2
+
+    assert framework(Strategy(2)) == pytest.approx(per_param((False, False, "none")))
+    assert framework(Strategy(2), has_gpu=True) == 0
+    assert framework(Strategy(2, "cpu")) == pytest.approx(
+        timing.OFFLOAD_HOOK_SECONDS_PER_TENSOR * 291 * 2 + per_param((False, True, "none"))
+    )
+    hooks = timing.HOOK_SECONDS_PER_TENSOR + timing.FETCH_SECONDS_PER_TENSOR
+    assert framework(Strategy(3, "cpu", "cpu")) == pytest.approx(hooks * 291 * 3 * 2 + per_param((True, True, "cpu")))
+    assert framework(Strategy(3, "cpu", "cpu"), has_gpu=True) == pytest.approx(hooks * 291 * 3 * 2)
+
+
+def test_the_phases_add_up_and_nothing_offloaded_is_no_offload_overhead():
+    for strategy in (Strategy(2), Strategy(2, "cpu"), Strategy(3, "cpu", "cpu"), Strategy(3, "nvme", "nvme")):
+        step = timing.estimate_step(shape(2048), strategy, SEEDS_RATES, world=1, ranks_per_node=1, has_gpu=True)
+        assert step.passes_seconds + step.update_seconds == pytest.approx(step.step_seconds)
+        assert (step.offload_overhead_fraction == 0) == (not strategy.offloads)

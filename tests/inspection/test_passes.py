@@ -1,0 +1,63 @@
+"""The passes measured at the model's shapes (launcher/inspection/passes.py): real forward and backward passes
+of the tiny model cut to one and three blocks on this CPU, cached, and skipped when they would take too long."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.inspection import passes
+from launcher.inspection.model import inspect_model
+from tests.helpers import save_config, tiny_llama_config
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return inspect_model(str(save_config(tiny_llama_config(), tmp_path_factory.mktemp("tiny") / "model")))
+
+
+def measure(profile, cache_dir, said, **overrides):
+    arguments = dict(
+        micro_batch=2,
+        seq_len=32,
+        recompute=False,
+        device="cpu",
+        threads=1,
+        flops_per_s=1e11,
+        host_id="test-host",
+        cache_dir=cache_dir,
+        log=said.append,
+    )
+    return passes.measure_passes(profile, **(arguments | overrides))
+
+
+def test_a_block_costs_what_the_two_cuts_differ_by_and_the_result_is_cached(tiny, tmp_path):
+    said: list[str] = []
+    first = measure(tiny, tmp_path, said)
+    assert len(said) == 1 and "measuring the passes at the model's shapes (2 x 32 tokens, 1 threads)" in said[0]
+    assert first["cut_layers"] == [1, 2]  # the tiny model has two blocks: the second cut is the whole model
+    one, two = first["cut_seconds"]
+    assert first["per_layer_seconds"] == pytest.approx(max(0.0, two - one))
+    assert first["fixed_seconds"] == pytest.approx(max(0.0, one - first["per_layer_seconds"]))
+    assert first["tokens"] == 64 and first["per_layer_seconds"] > 0
+    said.clear()
+    assert measure(tiny, tmp_path, said) == first and said == []  # from the cache: nothing measured again
+    assert measure(tiny, tmp_path, said, measure=True, seq_len=16) != first  # another shape is another key
+
+
+def test_a_one_block_model_cannot_tell_a_block_from_the_rest(tmp_path):
+    said: list[str] = []
+    one = inspect_model(str(save_config(tiny_llama_config(num_hidden_layers=1), tmp_path / "one")))
+    assert measure(one, tmp_path, said) is None and said == []
+
+
+def test_a_dry_run_only_reads_the_cache(tiny, tmp_path):
+    said: list[str] = []
+    assert measure(tiny, tmp_path, said, measure=False) is None and said == []
+
+
+def test_cuts_that_would_take_too_long_are_not_built(tmp_path):
+    """Llama-2-7B at 4 x 2048 tokens on a 100 GFLOP/s CPU: minutes per pass; the plan counts FLOPs instead."""
+    said: list[str] = []
+    llama = inspect_model("meta-llama/Llama-2-7b")
+    assert measure(llama, tmp_path, said, micro_batch=4, seq_len=2048) is None
+    assert said == []
