@@ -303,7 +303,15 @@ TIER = {"none": 0, "cpu": 1, "nvme": 2}  # the offload order: none < cpu < nvme
 
 
 def offload(plan: Plan) -> tuple[int, int]:
-    return TIER[plan.chosen.strategy.offload_optimizer], TIER[plan.chosen.strategy.offload_param]
+    """The chosen tiers of the optimizer and the parameters. On the CPU accelerator "cpu" is the device's own
+    memory, the same tier as "none" (there offloading the optimizer only swaps torch's AdamW for CPU-Adam, and
+    either may be predicted faster)."""
+    same = 0 if plan.host.has_gpu else 1
+
+    def tier(where: str) -> int:
+        return 0 if TIER[where] <= same else TIER[where]
+
+    return tier(plan.chosen.strategy.offload_optimizer), tier(plan.chosen.strategy.offload_param)
 
 
 def still_fits(plan: Plan, strategy) -> bool:

@@ -182,7 +182,8 @@ def remember(plan: Plan, summary: dict) -> None:
     from launcher.plan import calibration
 
     label = plan.chosen.strategy.label
-    calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, summary["predicted"], summary["measured"])
+    predicted, measured = summary["predicted"], summary["measured"]
+    calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, plan.world_size, predicted, measured)
 
 
 def stopped_message(out: Path, code: int) -> str:

@@ -66,7 +66,8 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
         log=log or (lambda _line: None),
         trust_remote_code=settings.trust_remote_code,
     )
-    plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), host_calibration(host))
+    calibration = host_calibration(host, model.name, asked)
+    plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), calibration)
     unused = ("nvme_" if host.nvme is None else "-", "pcie_" if not host.has_gpu else "-")  # figures no plan here uses
     nominal = sorted(
         name
@@ -129,15 +130,17 @@ def host_rates(host, nvme_path: str | None, model, asked: Workload, *, measure: 
     return rates.resolve_rates(host, cached, model.hidden_size, passes), aio
 
 
-def host_calibration(host) -> dict | None:
-    """What finished runs on this very host measured against their predictions (plan/calibration.py), by
-    strategy; None for a described host."""
+def host_calibration(host, model: str, asked: Workload) -> dict | None:
+    """What finished runs of this model with as many ranks on this very host measured against their predictions
+    (plan/calibration.py), by strategy; None for a described host."""
     if host.source != "live":
         return None
     from launcher.inspection.rates import host_id
     from launcher.plan import calibration
+    from launcher.plan.planner import resolve_ranks
 
-    return calibration.load(tool_cache_dir(), host_id()) or None
+    world = resolve_ranks(asked, host) * host.nodes
+    return calibration.load(tool_cache_dir(), host_id(), model, world) or None
 
 
 def measured_passes(

@@ -1,6 +1,7 @@
 """Learning from finished runs: each training run on a live host records its predicted and measured phases
-(passes, update) in the tool cache; a later plan on the same host scales each candidate's phases by what runs
-of the same strategy measured against what was predicted (the median of the most recent RECENT_RUNS).
+(passes, update) in the tool cache; a later plan of the same model with as many ranks on the same host scales
+each candidate's phases by what runs of that strategy measured against what was predicted (the median of the
+most recent RECENT_RUNS).
 
 The first-principles prediction is never replaced: the plan carries both, says which strategies were
 calibrated and from how many runs, and chooses by the calibrated one where there is one.
@@ -34,7 +35,9 @@ class Factors:
         return {"passes": self.passes, "update": self.update, "runs": self.runs}
 
 
-def record(cache_dir: Path, host_id: str, strategy: str, model: str, predicted: dict, measured: dict) -> bool:
+def record(
+    cache_dir: Path, host_id: str, strategy: str, model: str, world: int, predicted: dict, measured: dict
+) -> bool:
     """Append one finished run (its phases predicted and measured); False when it measured no phases."""
     if not all(predicted.get(p) and measured.get(p) for p in PHASES):
         return False
@@ -43,6 +46,7 @@ def record(cache_dir: Path, host_id: str, strategy: str, model: str, predicted: 
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "strategy": strategy,
         "model": model,
+        "world_size": world,
         "predicted": {p: predicted[p] for p in PHASES},
         "measured": {p: measured[p] for p in PHASES},
     }
@@ -50,8 +54,9 @@ def record(cache_dir: Path, host_id: str, strategy: str, model: str, predicted: 
     return True
 
 
-def load(cache_dir: Path, host_id: str) -> dict[str, Factors]:
-    """strategy label -> Factors, from this host's recorded runs (a damaged line is skipped)."""
+def load(cache_dir: Path, host_id: str, model: str, world: int) -> dict[str, Factors]:
+    """strategy label -> Factors, from the recorded runs of this model with this many ranks on this host (a
+    damaged line is skipped): another model or world size shares the rates, not the ratios."""
     by_strategy: dict[str, list[dict]] = {}
     try:
         lines = (cache_dir / FILE_NAME).read_text().splitlines()
@@ -60,7 +65,7 @@ def load(cache_dir: Path, host_id: str) -> dict[str, Factors]:
     for text in lines:
         try:
             run = json.loads(text)
-            if run["host_id"] == host_id:
+            if (run["host_id"], run["model"], run.get("world_size")) == (host_id, model, world):
                 by_strategy.setdefault(run["strategy"], []).append(run)
         except (ValueError, KeyError, TypeError):
             continue

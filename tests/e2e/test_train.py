@@ -93,6 +93,8 @@ def test_two_ranks(tiny_model, tiny_data, tmp_path):
         "3",
         "--offload-optimizer",
         "cpu",
+        "--offload-param",
+        "none",
     )
     check_run(out, 10, stage=3, offload_optimizer="cpu", offload_param="none", world=2)
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 2 * 4

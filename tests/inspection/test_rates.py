@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
+from launcher.inspection import gpu_specs
 from launcher.inspection import rates as probe
 from launcher.inspection.host import aio_usable
 
@@ -102,18 +103,18 @@ def test_probe_rejects_a_missing_nvme_path(cache_home, tmp_path):
     ],
 )
 def test_datasheet_tflops_match_exact_skus_only(name, tflops):
-    assert probe.gpu_peak_tflops(name) == tflops
+    assert gpu_specs.gpu_peak_tflops(name) == tflops
     if tflops is not None:
-        assert "datasheet" in probe.gpu_datasheet(name)[1] or "whitepaper" in probe.gpu_datasheet(name)[1]
+        assert "datasheet" in gpu_specs.gpu_datasheet(name)[1] or "whitepaper" in gpu_specs.gpu_datasheet(name)[1]
 
 
 def test_every_table_entry_has_a_source_and_no_entry_matches_another_sku():
-    for key, (tflops, source) in probe.GPU_PEAK_TFLOPS.items():
+    for key, (tflops, source) in gpu_specs.GPU_PEAK_TFLOPS.items():
         assert tflops > 0 and source
-        assert probe.gpu_peak_tflops("NVIDIA " + key) == tflops
-        for other in probe.GPU_PEAK_TFLOPS:  # a name that merely contains another SKU's name is not that SKU
+        assert gpu_specs.gpu_peak_tflops("NVIDIA " + key) == tflops
+        for other in gpu_specs.GPU_PEAK_TFLOPS:  # a name that merely contains another SKU's name is not that SKU
             if other != key and other in key:
-                assert probe.gpu_peak_tflops("NVIDIA " + key) == probe.GPU_PEAK_TFLOPS[key][0]
+                assert gpu_specs.gpu_peak_tflops("NVIDIA " + key) == gpu_specs.GPU_PEAK_TFLOPS[key][0]
 
 
 def _gpu_host(name: str, tflops=None):

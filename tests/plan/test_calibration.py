@@ -22,30 +22,34 @@ def measured(passes: float, update: float) -> dict:
 
 
 def test_runs_are_recorded_and_read_back_per_host_and_strategy(tmp_path):
-    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", PREDICTED, measured(1.5, 1.0))
-    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", PREDICTED, measured(2.5, 3.0))
-    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", PREDICTED, measured(2.0, 2.0))
-    assert calibration.record(tmp_path, "host-b", "ZeRO-3", "m", PREDICTED, measured(9.0, 9.0))
-    factors = calibration.load(tmp_path, "host-a")
+    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", 1, PREDICTED, measured(1.5, 1.0))
+    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", 1, PREDICTED, measured(2.5, 3.0))
+    assert calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", 1, PREDICTED, measured(2.0, 2.0))
+    assert calibration.record(tmp_path, "host-b", "ZeRO-3", "m", 1, PREDICTED, measured(9.0, 9.0))
+    factors = calibration.load(tmp_path, "host-a", "m", 1)
     assert set(factors) == {"ZeRO-2 + opt->cpu"}  # another host's runs say nothing about this one
     assert factors["ZeRO-2 + opt->cpu"] == calibration.Factors(passes=2.0, update=1.0, runs=3)  # medians
+    calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "m", 2, PREDICTED, measured(9.0, 9.0))
+    calibration.record(tmp_path, "host-a", "ZeRO-2 + opt->cpu", "other", 1, PREDICTED, measured(9.0, 9.0))
+    assert calibration.load(tmp_path, "host-a", "m", 1) == factors  # another world size, another model: not these
+    assert calibration.load(tmp_path, "host-a", "m", 2)["ZeRO-2 + opt->cpu"].runs == 1
 
 
 def test_a_run_without_measured_phases_is_not_recorded_and_a_damaged_line_is_skipped(tmp_path):
-    assert not calibration.record(tmp_path, "h", "ZeRO-3", "m", PREDICTED, {"step_seconds": 3.0})
+    assert not calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, {"step_seconds": 3.0})
     assert not (tmp_path / calibration.FILE_NAME).exists()
-    calibration.record(tmp_path, "h", "ZeRO-3", "m", PREDICTED, measured(1.0, 2.0))
+    calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(1.0, 2.0))
     with open(tmp_path / calibration.FILE_NAME, "a") as handle:
         handle.write('{"host_id": "h", "strategy": \n')  # a run killed mid-write
-    assert calibration.load(tmp_path, "h")["ZeRO-3"].runs == 1
+    assert calibration.load(tmp_path, "h", "m", 1)["ZeRO-3"].runs == 1
 
 
 def test_only_the_most_recent_runs_count(tmp_path):
     for _ in range(calibration.RECENT_RUNS):
-        calibration.record(tmp_path, "h", "ZeRO-3", "m", PREDICTED, measured(5.0, 10.0))
+        calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(5.0, 10.0))
     for _ in range(calibration.RECENT_RUNS):
-        calibration.record(tmp_path, "h", "ZeRO-3", "m", PREDICTED, measured(1.0, 2.0))
-    assert calibration.load(tmp_path, "h")["ZeRO-3"] == calibration.Factors(1.0, 1.0, calibration.RECENT_RUNS)
+        calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(1.0, 2.0))
+    assert calibration.load(tmp_path, "h", "m", 1)["ZeRO-3"] == calibration.Factors(1.0, 1.0, calibration.RECENT_RUNS)
 
 
 @pytest.fixture(scope="module")
