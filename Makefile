@@ -41,7 +41,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu and not slow"
 
-# Measured side by side in one run; prints a table and writes bench.json (a few minutes on 2 cores).
+# Measured side by side in one run; prints a table and writes bench.json (about 11 minutes on 2 cores).
 bench: $(STAMP)
 	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(BIN)/python -m launcher.bench --out bench.json
 
