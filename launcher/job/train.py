@@ -105,8 +105,8 @@ def prepare_run(
 def needs_rates(plan: Plan, settings: Settings) -> bool:
     """Whether a real run should measure this host first (build_plan's `measure`): the plan is for this machine
     and some figure it ran on is not measured (the passes at this model's shapes, the NVMe folder it swaps to);
-    and the run would get past its cheap checks (the output folder is
-    the tool's, the data is there), so that a mistake is still said at once rather than after the measuring."""
+    and the run would get past its cheap checks (the output folder is the tool's, the data is there), so that a
+    mistake is still said at once rather than after the measuring."""
     uses_nvme = "nvme" in (plan.chosen.strategy.offload_optimizer, plan.chosen.strategy.offload_param)
     nvme_nominal = uses_nvme and str(plan.rates.sources.get("nvme_read_bytes_per_s")).startswith("nominal")
     if plan.host.source != "live" or ("passes" in plan.rates.sources and not nvme_nominal):
@@ -174,7 +174,8 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
 
 
 def remember(plan: Plan, summary: dict) -> None:
-    """A finished run on this host calibrates later plans of its strategy here (plan/calibration.py)."""
+    """A finished run on this host calibrates later plans of its model, strategy and world size here
+    (plan/calibration.py)."""
     if plan.host.source != "live":
         return
     from launcher.files import tool_cache_dir

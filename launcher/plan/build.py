@@ -39,7 +39,7 @@ def workload(settings: Settings) -> Workload:
 
 def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
     """Inspect the host (live, or the described one) and the model, then plan. `measure` (a real run on this
-    host): rates the cache lacks are measured first (`measure_rates`), with progress lines to `log`."""
+    host): rates the cache lacks are measured first (`host_rates`), with progress lines to `log`."""
     from launcher.inspection.host import inspect_host
     from launcher.inspection.hostspec import load_host_spec, with_nvme_path
     from launcher.inspection.model import inspect_model
@@ -68,19 +68,26 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
     )
     calibration = host_calibration(host, model.name, asked)
     plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), calibration)
-    unused = ("nvme_" if host.nvme is None else "-", "pcie_" if not host.has_gpu else "-")  # figures no plan here uses
+    if host.source == "live" and not measure and (note := nominal_note(host, rates)):
+        plan = replace(plan, warnings=(*plan.warnings, note))
+    return plan
+
+
+def nominal_note(host, rates: Rates) -> str | None:
+    """One line naming the nominal figures a plan of this host used (none for NVMe without an NVMe folder, or for
+    PCIe without a GPU: no plan here uses them), and how to measure them; None when there are none."""
+    unused = ("nvme_" if host.nvme is None else "-", "pcie_" if not host.has_gpu else "-")
     nominal = sorted(
         name
         for name, source in rates.sources.items()
         if str(source).startswith("nominal") and not name.startswith(unused)
     )
-    if host.source == "live" and nominal and not measure:
-        note = (
-            f"step times use nominal rates for {', '.join(nominal)}: `offload-launch probe` measures this host once "
-            "(a real run does it first)"
-        )
-        plan = replace(plan, warnings=(*plan.warnings, note))
-    return plan
+    if not nominal:
+        return None
+    return (
+        f"step times use nominal rates for {', '.join(nominal)}: `offload-launch probe` measures this host once "
+        "(a real run does it first)"
+    )
 
 
 def installed_torch_version() -> str | None:

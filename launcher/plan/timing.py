@@ -52,7 +52,8 @@ Sources:
               partition from its own backward hook (stage_1_and_2.py `copy_grads_in_partition`): a cost per tensor
               and micro-batch. Beside those per-tensor costs, ZeRO's per-parameter work (bucket copies, averaging,
               partition copies, gathers into the full-size buffer) streams bytes per parameter and micro-batch
-              through device memory (ZERO_PASS_BYTES_PER_PARAM). All three are measured, see their comments.
+              through host memory on the CPU accelerator (ZERO_PASS_BYTES_PER_PARAM). All are measured, see
+              their comments.
   [seeds-O]   "The swap math": overlapped work costs max(t_compute, t_move), serial work the sum.
               DeepSpeed overlaps gradient copies with the backward (overlap_comm); the CPU-Adam step,
               the weight upload after it, parameter fetches and the NVMe swap are charged serially.
@@ -191,11 +192,11 @@ class StepEstimate:
     tokens_per_s: float
     offload_overhead_fraction: float  # share of the step that offloading adds (transfers, CPU-Adam, swaps)
     host_copy_seconds_per_step: float = 0.0  # [DS-step] copies and conversions in host memory
-    framework_seconds_per_step: float = 0.0  # [DS-hooks] ZeRO-3 hooks and the engine's per-step bookkeeping
+    framework_seconds_per_step: float = 0.0  # [DS-hooks] ZeRO's own cost and the engine's per-step bookkeeping
     passes_seconds: float = 0.0  # the forward/backward phase (what the trainer measures as "passes")
     update_seconds: float = 0.0  # the optimizer-step phase ("update")
-    # the same step scaled by what finished runs of this strategy on this host measured (plan/calibration.py);
-    # None: no such runs
+    # the same step scaled by what finished runs of this model and strategy with as many ranks on this host
+    # measured (plan/calibration.py); None: no such runs
     calibrated_step_seconds: float | None = None
     calibration: dict | None = None  # the factors per phase and the number of runs they come from
 
@@ -333,9 +334,9 @@ def host_bytes(
 def framework_seconds(
     shape: Shape, strategy: Strategy, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool
 ) -> float:
-    """[DS-hooks] ZeRO's own cost in the passes: ZeRO-3's per-tensor gather/release hooks every pass, ZeRO-1/2's
-    per-tensor copy to the offloaded partition, and the per-parameter work through device memory (a GPU's, when
-    its datasheet is known; on the CPU accelerator the rank's share of the node's), every micro-batch."""
+    """[DS-hooks] ZeRO's own cost in the passes, every micro-batch: ZeRO-3's per-tensor gather/release hooks
+    every pass (and fetches, with the parameters offloaded), ZeRO-1/2's per-tensor copy to the offloaded
+    partition, and on the CPU accelerator the per-parameter work through the rank's share of the host's memory."""
     passes = 3 if shape.recompute else 2
     zero3 = strategy.zero_stage >= 3
     offloaded = strategy.offload_optimizer != "none"
