@@ -16,7 +16,7 @@ from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan.planner import Workload, make_plan
 from launcher.views import plan_view as report
-from launcher.views.run_chart import DPI, FIGURE_INCHES, load_run, render_run
+from launcher.views.run_chart import DPI, FIGURE_INCHES, load_run, render_run, sources_line
 from tests.helpers import REPO, host_path
 
 STEPS = 30
@@ -193,3 +193,29 @@ def test_no_display_and_no_pyplot(tmp_path, tiny_llama_dir):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_the_phases_the_calibrated_step_and_the_rates_sources(tmp_path, tiny_llama_dir):
+    """run.json written by this version: each phase compared, the calibrated step when finished runs calibrated
+    the plan, and the source of every rate under the comparison."""
+    out = write_run(tmp_path / "run", tiny_llama_dir)
+    summary = json.loads((out / "run.json").read_text())
+    summary["predicted"] |= {
+        "passes_seconds": 1.0,
+        "update_seconds": 0.5,
+        "calibrated_step_seconds": 1.25,
+        "rate_sources": {"passes": "measured", "pcie_bytes_per_s": "nominal"},
+    }
+    summary["measured"] |= {"passes_seconds": 0.9, "update_seconds": 0.3}
+    (out / "run.json").write_text(json.dumps(summary))
+    record = load_run(out)
+    by_label = {c.label: c for c in record.comparisons}
+    assert by_label["passes"].ratio == pytest.approx(0.9) and by_label["update"].ratio == pytest.approx(0.6)
+    assert by_label["step, calibrated"].ratio == pytest.approx(1.2 / 1.25)
+    assert sources_line(record.rate_sources) == "rates: passes measured, pcie_bytes nominal"
+    render_run(out, tmp_path / "run.png")
+
+
+def test_without_finished_runs_there_is_no_calibrated_row(tmp_path, tiny_llama_dir):
+    labels = {c.label for c in load_run(write_run(tmp_path / "run", tiny_llama_dir)).comparisons}
+    assert "step, calibrated" not in labels and "step time" in labels
