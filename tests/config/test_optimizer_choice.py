@@ -60,3 +60,12 @@ def test_deepspeed_builds_torch_adamw_with_fused_from_those_params(llama7b):
     assert cls is torch.optim.AdamW and "torch_adam" not in params
     optimizer = cls([torch.nn.Parameter(torch.ones(4))], **params, **kwargs)
     assert optimizer.defaults["fused"] is True
+
+
+def test_parameters_offloaded_with_the_optimizer_on_the_gpu_is_a_pinnable_valid_config(llama7b):
+    """ZeRO-3 with only the parameters on CPU (issue 14): a candidate the planner sizes and times, and a ds_config
+    DeepSpeed's own models accept, with the optimizer left on the GPU (torch's fused AdamW)."""
+    config = rendered(llama7b, "8x-a100-80g", zero_stage="3", offload_optimizer="none", offload_param="cpu")
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu" and "offload_optimizer" not in zero
+    assert config["optimizer"]["params"]["torch_adam"] is True
