@@ -318,9 +318,10 @@ def still_fits(plan: Plan, strategy) -> bool:
     return next(c for c in plan.candidates if c.strategy == strategy).fits
 
 
-def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True) -> None:
+def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvme_bytes: bool = False) -> None:
     """`plans` for growing amounts of one resource. A plan that fits stays fitting, the chosen step is never
-    predicted slower, and (with `offload_order`) neither the optimizer nor the parameters go to a slower tier."""
+    predicted slower, (with `offload_order`) neither the optimizer nor the parameters go to a slower tier, and
+    (with `nvme_bytes`) the chosen plan never puts more bytes on NVMe."""
     for smaller, larger in pairwise(plans):
         if smaller.chosen is None:
             continue
@@ -331,8 +332,7 @@ def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True) -> 
         optimizer, param = offload(larger)
         if offload_order:
             assert optimizer <= offload(smaller)[0] and param <= offload(smaller)[1]
-        else:
-            assert optimizer <= offload(smaller)[0]
+        if nvme_bytes:
             assert larger.chosen.memory.nvme_bytes <= smaller.chosen.memory.nvme_bytes
 
 
@@ -348,14 +348,15 @@ def thresholds(plan: Plan, bytes_of, fraction: float) -> list[int]:
 )
 def test_more_gpu_memory_never_forces_more_offload(scenario, drawn):
     """More memory per GPU (8-141 GiB, swept through every candidate's fitting threshold): a plan that fits
-    stays fitting, the chosen step is never predicted slower, and neither the optimizer nor the parameters
-    move to a slower tier (none < cpu < nvme, each on its own)."""
+    stays fitting and the chosen step is never predicted slower. The tiers may trade: with room for the
+    optimizer on the GPU, ZeRO-3 with only the parameters on CPU can beat the optimizer on CPU (the sweep found
+    Llama-2-7B on 4 nodes of one 8 GiB A100 doing so), so the parameters move out as the optimizer comes back."""
     model, host, workload = scenario
     base = make_plan(model, host, workload)
     sweep = drawn + thresholds(base, lambda c: c.memory.gpu_bytes_per_device, GPU_USABLE_FRACTION)
     values = sorted({v for v in sweep if 8 * GiB <= v <= 141 * GiB})
     plans = [make_plan(model, replace(host, gpus=replace(host.gpus, memory_bytes=v)), workload) for v in values]
-    check_more_never_hurts(plans)
+    check_more_never_hurts(plans, offload_order=False)
 
 
 @deterministic(300)
@@ -365,9 +366,10 @@ def test_more_gpu_memory_never_forces_more_offload(scenario, drawn):
 )
 def test_more_cpu_ram_never_forces_a_slower_plan(scenario, drawn):
     """More RAM per node (8 GiB-2 TiB, swept through every candidate's fitting threshold): a plan that fits
-    stays fitting, the chosen step is never predicted slower, the optimizer never moves to a slower tier and
-    the chosen plan never puts more bytes on NVMe. The parameters CAN move to a slower tier, legitimately:
-    see the next test."""
+    stays fitting, the chosen step is never predicted slower and the chosen plan never puts more bytes on NVMe.
+    The tiers CAN trade, legitimately: the parameters for the optimizer (the next test), and with one-token
+    sequences ZeRO-3's per-tensor hooks cost more than ZeRO-2 with CPU-Adam, so the optimizer moves to the CPU
+    once its states fit there (the sweep found Llama-3.1-8B on 3 A100s so)."""
     model, host, workload = scenario
     base = make_plan(model, host, workload)
     sweep = drawn + thresholds(base, lambda c: c.memory.cpu_bytes, CPU_USABLE_FRACTION)
@@ -375,7 +377,7 @@ def test_more_cpu_ram_never_forces_a_slower_plan(scenario, drawn):
     plans = [
         make_plan(model, replace(host, cpu_memory_bytes=v, cpu_memory_available_bytes=v), workload) for v in values
     ]
-    check_more_never_hurts(plans, offload_order=False)
+    check_more_never_hurts(plans, offload_order=False, nvme_bytes=True)
 
 
 def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
@@ -407,7 +409,7 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
     assert any(p.startswith("NVMe needs") for p in both_swap.problems)
     assert roomier.chosen.timing.step_seconds < tight.chosen.timing.step_seconds
     assert roomier.chosen.memory.nvme_bytes < tight.chosen.memory.nvme_bytes
-    check_more_never_hurts([tight, roomier], offload_order=False)
+    check_more_never_hurts([tight, roomier], offload_order=False, nvme_bytes=True)
     with pytest.raises(AssertionError):
         check_more_never_hurts([tight, roomier])
 
