@@ -12,6 +12,7 @@ threads and torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -120,10 +121,8 @@ def measure_passes(
         recompute=recompute,
     )
     path = cache_dir / "passes" / f"{key}.json"
-    try:
+    with contextlib.suppress(OSError, ValueError):  # not cached yet, or a damaged file: measured again
         return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
     if not measure:
         return None
     cut_layers = (1, min(CUT_LAYERS[1], profile.num_layers))
