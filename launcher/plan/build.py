@@ -57,8 +57,14 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
         host = replace(host, nodes=hostfile_nodes(settings.hostfile))
     model = inspect_model(settings.model, trust_remote_code=settings.trust_remote_code, cache_dir=tool_cache_dir())
     asked = workload(settings)
+    identity = None
+    if host.source == "live":  # this machine: its probe, passes and finished runs are keyed by its identity
+        from launcher.inspection.rates import host_id
+
+        identity = host_id()
     rates, aio = host_rates(
         host,
+        identity,
         settings.nvme_path,
         model,
         asked,
@@ -66,7 +72,7 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
         log=log or (lambda _line: None),
         trust_remote_code=settings.trust_remote_code,
     )
-    calibration = host_calibration(host, model.name, asked)
+    calibration = host_calibration(host, identity, model.name, asked)
     plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), calibration)
     if host.source == "live" and not measure and (note := nominal_note(host, rates)):
         plan = replace(plan, warnings=(*plan.warnings, note))
@@ -113,15 +119,25 @@ def alloc_conf(host, settings: Settings) -> str | None:
     )
 
 
-def host_rates(host, nvme_path: str | None, model, asked: Workload, *, measure: bool, log, trust_remote_code=False):
+def host_rates(
+    host,
+    identity: str | None,
+    nvme_path: str | None,
+    model,
+    asked: Workload,
+    *,
+    measure: bool,
+    log,
+    trust_remote_code=False,
+):
     """Rates for the step-time model: this host's probe (cached; measured first when `measure` and there is
     none) and the passes at the model's shapes (likewise), else described/nominal figures; and the aio
-    settings the probe found best for the NVMe folder it measured. A described host is never measured."""
+    settings the probe found best for the NVMe folder it measured. A described host (`identity` None) is never
+    measured."""
     from launcher.inspection import rates
 
     cached = passes = None
-    if host.source == "live":
-        identity = rates.host_id()
+    if identity is not None:
         cached = rates.load_cached(rates.cache_path(tool_cache_dir()), identity)
         unprobed_nvme = bool(nvme_path) and (cached is None or cached.details.get("nvme_path") != nvme_path)
         if measure and (cached is None or unprobed_nvme):
@@ -137,17 +153,16 @@ def host_rates(host, nvme_path: str | None, model, asked: Workload, *, measure: 
     return rates.resolve_rates(host, cached, model.hidden_size, passes), aio
 
 
-def host_calibration(host, model: str, asked: Workload) -> dict | None:
+def host_calibration(host, identity: str | None, model: str, asked: Workload) -> dict | None:
     """What finished runs of this model with as many ranks on this very host measured against their predictions
-    (plan/calibration.py), by strategy; None for a described host."""
-    if host.source != "live":
+    (plan/calibration.py), by strategy; None for a described host (`identity` None)."""
+    if identity is None:
         return None
-    from launcher.inspection.rates import host_id
     from launcher.plan import calibration
     from launcher.plan.planner import resolve_ranks
 
     world = resolve_ranks(asked, host) * host.nodes
-    return calibration.load(tool_cache_dir(), host_id(), model, world) or None
+    return calibration.load(tool_cache_dir(), identity, model, world) or None
 
 
 def measured_passes(
