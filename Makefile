@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libaio-dev >/dev/null) \
 		|| echo "warning: could not install libaio-dev; NVMe offload will be unavailable"; \
 	fi
+	@# DeepSpeed's --bind_cores_to_rank runs each rank under numactl (on by default when the optimizer is offloaded).
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v numactl >/dev/null; then \
+		echo "installing numactl (each rank bound to its share of the cores)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null) \
+		|| echo "warning: could not install numactl; ranks will not be bound to cores"; \
+	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"

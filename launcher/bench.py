@@ -8,8 +8,10 @@
    model sizes (~1 M, 20 M, 100 M parameters) trained on this machine under no offload, ZeRO-2 + optimizer on
    CPU, ZeRO-3 + optimizer and parameters on CPU, and ZeRO-3 with both on NVMe (after `offload-launch probe`,
    so the plan uses this host's figures; each run measures its passes at its model's shapes first).
+4. Core binding: the 20 M model under ZeRO-2 + optimizer on CPU with 2 ranks, once with DeepSpeed's
+   --bind_cores_to_rank (each rank under numactl on its half of the cores) and once without.
 
-Run: python -m launcher.bench [--out bench.json] [--quick]
+Run: python -m launcher.bench [--out bench.json] [--quick] [--only binding]
 """
 
 from __future__ import annotations
@@ -135,6 +137,35 @@ def bench_model(name: str, workdir: Path) -> Path:
     return folder
 
 
+def train_row(env: dict, model: Path, size: str, strategy: tuple[str, str, str], steps: int, out: Path, *extra):
+    """One training run of `model` on this host under `strategy` (stage, optimizer, param): its predicted and
+    measured figures, and whether DeepSpeed bound its ranks to cores (the launch line it printed says)."""
+    stage, optimizer, param = strategy
+    argv = [
+        *(sys.executable, "-m", "launcher", "--model", str(model)),
+        *("--data", str(DEMO / "data" / "train.jsonl"), "--output-dir", str(out), "--no-resume"),
+        *("--zero-stage", stage, "--offload-optimizer", optimizer, "--offload-param", param),
+        *("--seq-len", "128", "--micro-batch", "4", "--steps", str(steps), "--save-every", "0"),
+        *("--lr", "1e-3", "--warmup-steps", "2", *extra),
+    ]
+    seconds, proc = _timed(argv, env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    run = json.loads((out / "run.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    return {
+        "model": size,
+        "params": plan["model"]["params"],
+        "strategy": f"ZeRO-{stage} opt={optimizer} param={param}",
+        "ranks": plan["workload"]["world_size"],
+        "bound": "--bind_cores_to_rank" in proc.stdout,
+        "wall_seconds": seconds,
+        "predicted": run["predicted"],
+        "measured": run["measured"],
+        "ratios": run["ratios"],
+    }
+
+
 def bench_predictions(env: dict, steps: int, workdir: Path, sizes: tuple[str, ...], nvme_dir: Path) -> list[dict]:
     """Each size under each strategy, trained for real on this host: predicted next to measured (the NVMe rows
     swap to `nvme_dir`, the folder the probe measured)."""
@@ -150,39 +181,69 @@ def bench_predictions(env: dict, steps: int, workdir: Path, sizes: tuple[str, ..
                     continue
                 extra = ["--nvme-path", str(nvme_dir)]
             out = workdir / f"{size}-z{stage}-{optimizer}-{param}"
-            argv = [
-                *(sys.executable, "-m", "launcher", "--model", str(model)),
-                *("--data", str(DEMO / "data" / "train.jsonl"), "--output-dir", str(out), "--no-resume"),
-                *("--zero-stage", stage, "--offload-optimizer", optimizer, "--offload-param", param),
-                *("--seq-len", "128", "--micro-batch", "4", "--steps", str(steps), "--save-every", "0"),
-                *("--lr", "1e-3", "--warmup-steps", "2", *extra),
-            ]
             print(f"  {size} ZeRO-{stage} opt={optimizer} param={param} ...", file=sys.stderr)
-            seconds, proc = _timed(argv, env)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr[-3000:])
-            run = json.loads((out / "run.json").read_text())
-            rows.append(
-                {
-                    "model": size,
-                    "params": json.loads((out / "plan.json").read_text())["model"]["params"],
-                    "strategy": f"ZeRO-{stage} opt={optimizer} param={param}",
-                    "wall_seconds": seconds,
-                    "predicted": run["predicted"],
-                    "measured": run["measured"],
-                    "ratios": run["ratios"],
-                }
-            )
+            rows.append(train_row(env, model, size, (stage, optimizer, param), steps, out, *extra))
     return rows
+
+
+# Core binding, measured once: this model and strategy with this many ranks, bound and not bound.
+BINDING_SIZE, BINDING_STRATEGY, BINDING_RANKS = "20M", ("2", "cpu", "none"), 2
+
+
+def binding_skip_reason() -> str | None:
+    """Why this host cannot run the core-binding pair (None: it can)."""
+    import psutil
+
+    if shutil.which("numactl") is None:
+        return "numactl is not installed"
+    cores = psutil.cpu_count(logical=False) or 0
+    if cores < BINDING_RANKS:
+        return f"{cores} core(s) for {BINDING_RANKS} ranks"
+    return None
+
+
+def bench_binding(env: dict, steps: int, workdir: Path, size: str = BINDING_SIZE) -> dict:
+    """The same run not bound, then bound (--no-bind-cores, --bind-cores): both rows and bound / not bound."""
+    skipped = binding_skip_reason()
+    if skipped:
+        print(f"  core binding skipped: {skipped}", file=sys.stderr)
+        return {"skipped": skipped, "rows": []}
+    model = bench_model(size, workdir)
+    rows = []
+    for flag in ("--no-bind-cores", "--bind-cores"):
+        print(f"  {size} ZeRO-2 opt=cpu, {BINDING_RANKS} ranks, {flag} ...", file=sys.stderr)
+        out = workdir / f"{size}-binding{flag}"
+        rows.append(train_row(env, model, size, BINDING_STRATEGY, steps, out, "--num-gpus", str(BINDING_RANKS), flag))
+    return binding_summary(rows)
+
+
+def binding_summary(rows: list[dict]) -> dict:
+    """The pair's rows and bound / not bound for the step and each phase the runs measured."""
+    by = {row["bound"]: row["measured"] for row in rows}
+    ratios = {}
+    if True in by and False in by:
+        for key in ("step_seconds", "passes_seconds", "update_seconds"):
+            if by[True].get(key) and by[False].get(key):
+                ratios[key] = by[True][key] / by[False][key]
+    return {"rows": rows, "bound_over_unbound": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="offload-launch benchmark")
     parser.add_argument("--out", default="bench.json")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (for a smoke test of the bench)")
+    parser.add_argument("--only", choices=("binding",), help="only these rows: binding, the core-binding pair")
     args = parser.parse_args(argv)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.only == "binding":  # the runs measure what this host's cache lacks themselves
+        print("core binding: bound and not bound ...", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as workdir:
+            binding = bench_binding(env, 4 if args.quick else BENCH_STEPS, Path(workdir))
+        report = {"date": started, "machine": machine_line(), "binding": binding}
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(render(report))
+        return 0
 
     print("probing this host (offload-launch probe) ...", file=sys.stderr)
     from launcher.inspection.host import aio_usable
@@ -203,32 +264,61 @@ def main(argv: list[str] | None = None) -> int:
     print("predicted vs measured training steps ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as workdir:
         sizes = ("1M",) if args.quick else tuple(SIZES)
-        predictions = bench_predictions(env, 4 if args.quick else BENCH_STEPS, Path(workdir), sizes, nvme_dir)
+        steps = 4 if args.quick else BENCH_STEPS
+        predictions = bench_predictions(env, steps, Path(workdir), sizes, nvme_dir)
+        print("core binding: bound and not bound ...", file=sys.stderr)
+        binding = bench_binding(env, steps, Path(workdir), "1M" if args.quick else BINDING_SIZE)
     shutil.rmtree(nvme_dir, ignore_errors=True)
 
-    import psutil
-
-    machine = (
-        f"{platform.processor() or platform.machine()}, {psutil.cpu_count(logical=False)} cores, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, python {platform.python_version()}"
-    )
     report = {
         "date": started,
-        "machine": machine,
+        "machine": machine_line(),
         "probe": figures,
         "plan_latency": latency,
         "cpu_adam": adam,
         "predictions": predictions,
+        "binding": binding,
     }
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
     return 0
 
 
+def machine_line() -> str:
+    import psutil
+
+    return (
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count(logical=False)} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, python {platform.python_version()}"
+    )
+
+
 def render(report: dict) -> str:
+    """The bench's tables; a report of some rows only (--only) renders those."""
+    lines = [f"offload-launch bench, {report['date']}, {report['machine']}"]
+    if "plan_latency" in report:
+        lines += render_measurements(report)
+    binding = report.get("binding", {"rows": []})
+    rows = report.get("predictions", []) + binding["rows"]
+    if rows:
+        lines += render_predictions(rows)
+    if binding.get("skipped"):
+        lines += ["", f"core binding not measured: {binding['skipped']}"]
+    elif binding.get("bound_over_unbound"):
+        ratios = binding["bound_over_unbound"]
+        first = binding["rows"][0]
+        phases = ", ".join(f"{key.removesuffix('_seconds')} {value:.2f}" for key, value in ratios.items())
+        lines += [
+            "",
+            f"core binding ({first['model']}, {first['strategy']}, {first['ranks']} ranks), bound / not bound: "
+            f"{phases}",
+        ]
+    return "\n".join(lines)
+
+
+def render_measurements(report: dict) -> list[str]:
     lat, adam = report["plan_latency"], report["cpu_adam"]
     lines = [
-        f"offload-launch bench, {report['date']}, {report['machine']}",
         "",
         "| measurement | value | ratio |",
         "|---|---|---|",
@@ -249,12 +339,27 @@ def render(report: dict) -> str:
     for name, value in report["probe"].items():
         if name.startswith("pcie_"):  # with a GPU: host<->device copies, pinned and pageable
             lines.append(f"| {name} | {value / 1e9:.1f} GB/s | |")
-    lines += [
+    return lines
+
+
+def strategy_cell(row: dict) -> str:
+    """The strategy, with the ranks when more than one and whether they were bound to cores (rows from before
+    the bench recorded it say nothing)."""
+    cell = row["strategy"]
+    if row.get("ranks", 1) > 1:
+        cell += f", {row['ranks']} ranks"
+    if "bound" in row:
+        cell += ", bound" if row["bound"] else ", not bound"
+    return cell
+
+
+def render_predictions(rows: list[dict]) -> list[str]:
+    lines = [
         "",
         "| model | strategy | step s measured / predicted | step | passes | update | CPU memory | GPU memory |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in report["predictions"]:
+    for row in rows:
         ratios, measured, predicted = row["ratios"], row["measured"], row["predicted"]
         cells = [
             f"{ratios[key]:.2f}" if key in ratios else "-"
@@ -267,10 +372,10 @@ def render(report: dict) -> str:
             )
         ]
         lines.append(
-            f"| {row['model']} ({row['params'] / 1e6:.1f} M) | {row['strategy']} | "
+            f"| {row['model']} ({row['params'] / 1e6:.1f} M) | {strategy_cell(row)} | "
             f"{measured['step_seconds']:.3f} / {predicted['step_seconds']:.3f} | {' | '.join(cells)} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

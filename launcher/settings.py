@@ -28,6 +28,7 @@ OFFLOAD_DEVICES = ("auto", "none", "cpu", "nvme")
 PRECISIONS = ("auto", "bf16", "fp16")
 ZERO_STAGES = ("auto", "1", "2", "3")
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm")
+OPTIMIZER_STATES = ("fp32", "bf16")
 
 
 class Group(str, Enum):
@@ -139,6 +140,21 @@ class Settings:
         group=Group.PLAN,
         choices=OFFLOAD_DEVICES,
     )
+    offload_ratio: float | None = setting(
+        None,
+        "Pin the share of the optimizer states offloaded with ZeRO-3 (DeepSpeed's offload_optimizer.ratio): "
+        "1 offloads them all, 0.6 keeps 40 % and their Adam step on the GPU [default: the plan chooses].",
+        group=Group.PLAN,
+        metavar="X",
+    )
+    optimizer_states: str = setting(
+        "fp32",
+        "Precision of the offloaded optimizer states: bf16 keeps Adam's master weights and moments in 16 bits "
+        "(DeepSpeed >= 0.19.1, optimizer on the CPU, bf16 training): 6 instead of 12 B/param on the CPU, "
+        "different numerics.",
+        group=Group.PLAN,
+        choices=OPTIMIZER_STATES,
+    )
     # --- plan: the workload
     seq_len: int | None = setting(
         None, "Tokens per sequence [default: model maximum, at most 2048].", group=Group.PLAN, minimum=1
@@ -196,11 +212,13 @@ class Settings:
     )
     master_addr: str | None = setting(None, "Address of the rank-0 machine (multi-node).", group=Group.TRAIN)
     master_port: int | None = setting(None, "Rendezvous port [default: a free port].", group=Group.TRAIN)
-    bind_cores: bool = setting(
-        False,
-        "Pin each rank to its share of cores (DeepSpeed --bind_cores_to_rank, needs numactl).",
+    bind_cores: bool | None = setting(
+        None,
+        "Pin each rank to its share of cores (DeepSpeed --bind_cores_to_rank, needs numactl) [default: on when the"
+        " optimizer is offloaded and numactl is installed].",
         group=Group.TRAIN,
         negatable=True,
+        show_default=False,
     )
     # --- what `run` prints or writes
     dry_run: bool = setting(
@@ -349,6 +367,41 @@ def _nvme_optimizer_needs_zero3(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _offload_ratio_range(values: Mapping[str, object]) -> str | None:
+    """DeepSpeed's offload_optimizer.ratio is a share: 0 <= ratio <= 1 (offload_config.py Field(ge=0, le=1)); 0
+    offloads nothing, so it is --offload-optimizer none, not a ratio."""
+    ratio = values.get("offload_ratio")
+    if ratio is not None and not 0 < ratio <= 1:
+        return f"--offload-ratio must be above 0 and at most 1, got {ratio:g} (0: use --offload-optimizer none)"
+    return None
+
+
+def _partial_offload_needs_zero3_cpu(values: Mapping[str, object]) -> str | None:
+    """A ratio below 1 splits the optimizer's sub-groups between the GPU and CPU-Adam: ZeRO-3 only
+    (offload_config.py: "Only valid with ZeRO Stage 3"), with the optimizer offloaded to the CPU (stage3.py
+    builds the GPU half's optimizer only beside DeepSpeedCPUAdam)."""
+    ratio = values.get("offload_ratio")
+    if ratio is None or ratio >= 1:
+        return None
+    if values.get("zero_stage") in ("1", "2"):
+        return f"--offload-ratio {ratio:g} needs ZeRO-3 (DeepSpeed splits the optimizer only at stage 3)"
+    if values.get("offload_optimizer") in ("none", "nvme"):
+        return f"--offload-ratio {ratio:g} needs --offload-optimizer cpu (or auto)"
+    return None
+
+
+def _bf16_states_need_offload(values: Mapping[str, object]) -> str | None:
+    """bf16_optimizer_states: DeepSpeed keeps the moments in bf16 inside DeepSpeedCPUAdam (base_optimizer.py
+    `_configure_master_weights`: it needs bf16 master weights, and ZeRO-Offload with the CPU optimizer)."""
+    if values.get("optimizer_states") != "bf16":
+        return None
+    if values.get("offload_optimizer") in ("none", "nvme"):
+        return "--optimizer-states bf16 needs the optimizer on the CPU: --offload-optimizer cpu (or auto)"
+    if values.get("precision") == "fp16":
+        return "--optimizer-states bf16 needs bf16 training: drop --precision fp16"
+    return None
+
+
 def _model_given(values: Mapping[str, object]) -> str | None:
     if "model" in values and values["model"] is None:
         return "missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)"
@@ -379,6 +432,9 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _model_given,
     _offload_needs_zero3,
     _nvme_optimizer_needs_zero3,
+    _offload_ratio_range,
+    _partial_offload_needs_zero3_cpu,
+    _bf16_states_need_offload,
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,

@@ -1,5 +1,6 @@
 """The bench's table renders every row it measured (the bench itself runs with `make bench`, not in tests)."""
 
+from launcher import bench
 from launcher.bench import render
 
 
@@ -32,3 +33,54 @@ def test_render_has_a_row_per_measurement():
     assert "DeepSpeedCPUAdam, 32 M params" in table
     assert "pcie_pinned_h2d_bytes_per_s | 25.0 GB/s" in table
     assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none | 0.900 / 1.000 | 0.90 | - | - | 1.00 | 0.50 |" in table
+
+
+def binding_row(bound: bool, step: float, update: float) -> dict:
+    return {
+        "model": "20M",
+        "params": 19_800_000,
+        "strategy": "ZeRO-2 opt=cpu param=none",
+        "ranks": 2,
+        "bound": bound,
+        "predicted": {"step_seconds": 1.0, "cpu_bytes_per_node": 2**29},
+        "measured": {"step_seconds": step, "passes_seconds": 0.5, "update_seconds": update},
+        "ratios": {"step_seconds": step, "cpu_bytes_per_node": 1.0},
+    }
+
+
+def test_the_core_binding_pair_is_two_rows_and_their_ratio():
+    binding = bench.binding_summary([binding_row(False, 1.0, 0.4), binding_row(True, 0.8, 0.2)])
+    assert binding["bound_over_unbound"] == {"step_seconds": 0.8, "passes_seconds": 1.0, "update_seconds": 0.5}
+    table = bench.render({"date": "2026-11-29 12:00 UTC", "machine": "test", "binding": binding})  # --only binding
+    assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none, 2 ranks, not bound | 1.000 / 1.000 |" in table
+    assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none, 2 ranks, bound | 0.800 / 1.000 |" in table
+    assert (
+        "core binding (20M, ZeRO-2 opt=cpu param=none, 2 ranks), bound / not bound: step 0.80, passes 1.00, " in table
+    )
+    assert "DeepSpeed estimator" not in table  # only the rows that ran
+
+
+def test_the_binding_pair_is_skipped_with_its_reason_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    assert bench.binding_skip_reason() == "numactl is not installed"
+    assert bench.bench_binding({}, 1, None) == {"skipped": "numactl is not installed", "rows": []}
+    table = bench.render({"date": "d", "machine": "m", "binding": {"skipped": "numactl is not installed", "rows": []}})
+    assert table.endswith("core binding not measured: numactl is not installed")
+    monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/numactl")
+    monkeypatch.setattr("psutil.cpu_count", lambda logical=True: 1)
+    assert bench.binding_skip_reason() == "1 core(s) for 2 ranks"
+
+
+def test_the_bench_runs_the_pair_with_the_flags_and_two_ranks(monkeypatch, tmp_path):
+    calls = []
+
+    def train_row(env, model, size, strategy, steps, out, *extra):
+        calls.append((size, strategy, steps, extra))
+        return binding_row("--bind-cores" in extra, 1.0, 0.4)
+
+    monkeypatch.setattr(bench, "binding_skip_reason", lambda: None)
+    monkeypatch.setattr(bench, "train_row", train_row)
+    binding = bench.bench_binding({}, 10, tmp_path)
+    assert [c[3] for c in calls] == [("--num-gpus", "2", "--no-bind-cores"), ("--num-gpus", "2", "--bind-cores")]
+    assert {c[:3] for c in calls} == {("20M", ("2", "cpu", "none"), 10)}
+    assert [row["bound"] for row in binding["rows"]] == [False, True]

@@ -40,6 +40,7 @@ KNOB_TO_DS_KEY = {
     "param_persistence_threshold": "zero_optimization.stage3_param_persistence_threshold",
     "sub_group_size": "zero_optimization.sub_group_size",
     "optimizer_buffer_count": "zero_optimization.offload_optimizer.buffer_count",
+    "offload_ratio": "zero_optimization.offload_optimizer.ratio",
     "param_buffer_count": "zero_optimization.offload_param.buffer_count",
     "param_buffer_size": "zero_optimization.offload_param.buffer_size",
     "max_in_cpu": "zero_optimization.offload_param.max_in_cpu",
@@ -91,6 +92,8 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
         offload = {"pin_memory": plan.pin_memory}
         if strategy.offload_optimizer == "nvme":
             offload |= {"nvme_path": nvme_path, "buffer_count": buckets.optimizer_buffer_count}
+        if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (memory.py [Twin-Flow])
+            offload["ratio"] = strategy.offload_ratio
         zero["offload_optimizer"] = offload
     if strategy.offload_param != "none":
         offload = {"pin_memory": plan.pin_memory}
@@ -146,6 +149,8 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
         },
     }
     computed["zero_optimization"] = _zero_section(plan, nvme_path)
+    if strategy.optimizer_states == "bf16":  # memory.py [DS-bf16s]: both flags, DeepSpeed asserts the pair
+        computed["bf16"] = {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     if uses_nvme:
         # The settings `offload-launch probe` measured best on this host; else one aio thread per core the
         # rank can spare, at most 8 (ds_nvme_tune sweeps 1-8).

@@ -195,7 +195,12 @@ def strategy_of(config: dict) -> Strategy:
     param = _configured_device(zero, "offload_param", "cpu_offload_param") if stage == 3 else "none"
     if stage < 3 and optimizer == "nvme":
         optimizer = "cpu"
-    return Strategy(stage, optimizer, param)
+    ratio = _dict(zero.get("offload_optimizer")).get("ratio", 1.0)
+    if optimizer != "cpu" or stage < 3 or not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
+        ratio = 1.0  # DeepSpeed's default; it splits only a ZeRO-3 CPU offload (memory.py [Twin-Flow])
+    bf16 = _dict(_get(config, "bf16"))
+    states = "bf16" if optimizer == "cpu" and bf16.get("bf16_optimizer_states") is True else "fp32"
+    return Strategy(stage, optimizer, param, float(ratio), states)
 
 
 # ------------------------------------------------------------------------------------------ sizes

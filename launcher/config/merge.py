@@ -81,8 +81,8 @@ def merge_user_config(user: dict, generated: dict) -> dict:
 
 def pins_from_config(config: dict) -> dict:
     """The plan choices a user's ds_config makes, as `run` option values (zero_stage, offload_optimizer,
-    offload_param, micro_batch, grad_accum, precision, nvme_path): what --ds-config pins so the plan sizes
-    the configuration that will really run. "auto" and absent values pin nothing."""
+    offload_param, offload_ratio, optimizer_states, micro_batch, grad_accum, precision, nvme_path): what
+    --ds-config pins so the plan sizes the configuration that will really run. "auto" and absent values pin nothing."""
     pins: dict = {}
     zero = _dict(config.get("zero_optimization"))
     stage = _int(zero.get("stage"))
@@ -95,6 +95,11 @@ def pins_from_config(config: dict) -> dict:
         path = _dict(zero.get(section)).get("nvme_path")
         if device == "nvme" and isinstance(path, str) and path:
             pins["nvme_path"] = path
+    if stage == 3 and pins.get("offload_optimizer") == "cpu":
+        # the share it offloads: its ratio, else DeepSpeed's default, all of it (memory.py [Twin-Flow])
+        ratio = _dict(zero.get("offload_optimizer")).get("ratio", 1.0)
+        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 1:
+            pins["offload_ratio"] = float(ratio)
     for key, option in (
         ("train_micro_batch_size_per_gpu", "micro_batch"),
         ("gradient_accumulation_steps", "grad_accum"),
@@ -105,6 +110,8 @@ def pins_from_config(config: dict) -> dict:
     for precision in ("bf16", "fp16"):
         if _dict(config.get(precision)).get("enabled") is True:
             pins["precision"] = precision
+    if _dict(config.get("bf16")).get("bf16_optimizer_states") is True:
+        pins["optimizer_states"] = "bf16"  # memory.py [DS-bf16s]
     return pins
 
 

@@ -25,7 +25,7 @@ from launcher.resources import resource_path
 BUNDLED_DIR = resource_path("models")
 SHIPPED_PROFILES_DIR = BUNDLED_DIR / "profiles"  # the bundled configs, counted: scripts/count_bundled_models.py
 HUB_TIMEOUT_SECONDS = 5.0
-PROFILE_VERSION = 2  # bump when ModelProfile's fields change: cached profiles are keyed by it
+PROFILE_VERSION = 3  # bump when ModelProfile's fields change: cached profiles are keyed by it
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _LAYER_RE = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.|\.blocks?\.(\d+)\.")
 
@@ -49,7 +49,9 @@ class ModelProfile:
     vocab_size: int
     max_position_embeddings: int
     layer_params: int  # parameters of the largest transformer block
-    param_numels: tuple[int, ...]  # every tensor's numel, descending (for persistence thresholds)
+    # every tensor's numel in model.parameters() order: persistence thresholds sum them, and ZeRO-3 forms its
+    # optimizer sub-groups in this order (memory.stage3_subgroups)
+    param_numels: tuple[int, ...]
     tied_embeddings: bool
     has_weights: bool  # the directory also holds weight files
     input_embedding_numel: int = 0  # the token embedding table: a lookup, no matmul FLOPs
@@ -359,7 +361,7 @@ def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) ->
         vocab_size=_first(text_config, "vocab_size"),
         max_position_embeddings=_first(text_config, "max_position_embeddings", "n_positions", "max_seq_len"),
         layer_params=max(per_layer.values(), default=0),
-        param_numels=tuple(sorted((n for _, n in named), reverse=True)),
+        param_numels=tuple(n for _, n in named),
         tied_embeddings=tied,
         has_weights=has_weights and source == "local",
         input_embedding_numel=embedding,

@@ -34,7 +34,7 @@ class LaunchSpec:
     hostfile: str | None = None
     launcher: str = "pdsh"
     master_addr: str | None = None
-    bind_cores: bool = False
+    bind_cores: bool = False  # DeepSpeed's --bind_cores_to_rank (prepare.core_binding decides)
     extra_args: tuple[str, ...] = ()  # after `--`, for DeepSpeed's launcher
     python: str = sys.executable
     # The GPUs to put the ranks on (CUDA_VISIBLE_DEVICES, resolved to indices), one per rank; None: DeepSpeed's
@@ -46,7 +46,10 @@ class LaunchSpec:
 
     @property
     def threads_per_rank(self) -> int:
-        """Each rank gets an equal share of the node's cores for torch and CPU-Adam (OMP_NUM_THREADS)."""
+        """Each rank gets an equal share of the node's cores for torch and CPU-Adam (OMP_NUM_THREADS). Bound
+        ranks get the same figure from DeepSpeed: its launch.py sets OMP_NUM_THREADS to the share it binds,
+        psutil.cpu_count(logical=False) // ranks (deepspeed/utils/numa.py), which is cpu_cores // ranks for a
+        host probed live (inspection/host.py counts its cores the same way)."""
         return max(1, self.cpu_cores // self.ranks_per_node)
 
 
@@ -93,6 +96,9 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     if spec.master_addr:
         argv += ["--master_addr", spec.master_addr]
     if spec.bind_cores:
+        # deepspeed/launcher/launch.py: each rank starts under `numactl [-m NODE] -C FIRST-LAST` (its consecutive
+        # share of the first psutil.cpu_count(logical=False) cores, or of --bind_core_list given after `--`),
+        # with OMP_NUM_THREADS set to that share, over the one in `env` below
         argv += ["--bind_cores_to_rank"]
     argv += list(spec.extra_args)
     argv += ["--no_local_rank", "--module", ENTRY_MODULE, "--run-spec", spec.run_spec_path]

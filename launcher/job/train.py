@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,8 +66,7 @@ def prepare_run(
     if plan.chosen is None:
         return PreparedRun(plan, None, out)
     ownership = rundir.check_folder(out, "train", settings.force)
-    if settings.bind_cores and shutil.which("numactl") is None:
-        raise UserInputError("--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl")
+    prepare.check_bind_cores(settings)  # typed without numactl: one line before anything is read
     swap = rundir.run_swap_dir(plan, out)
     folder = _Folder(out, ownership, settings, warn)
 
@@ -90,8 +88,8 @@ def prepare_run(
             tokenize=not settings.dry_run,
             before_data=before_data,
         )
-        for warning in job.warnings:
-            warn(warning)
+        for line in (*job.warnings, *job.notes):
+            warn(line)
         check = folder.resume_check(job.identity)
         for note in check.notes:
             warn(note)

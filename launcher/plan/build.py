@@ -11,6 +11,7 @@ from pathlib import Path
 
 from launcher.errors import DoesNotFit, UserInputError
 from launcher.files import tool_cache_dir
+from launcher.plan import features
 from launcher.plan.planner import Plan
 from launcher.plan.timing import Rates
 from launcher.plan.workload import Workload
@@ -73,7 +74,14 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
         trust_remote_code=settings.trust_remote_code,
     )
     calibration = host_calibration(host, identity, model.name, asked)
-    plan = make_plan(model, host, asked, rates, aio, alloc_conf(host, settings), calibration)
+    deepspeed = installed_deepspeed_version()
+    if asked.offload_ratio is not None and asked.offload_ratio < 1:
+        features.require("offload_ratio", deepspeed, "--offload-ratio")
+    if asked.optimizer_states == "bf16":
+        features.require("bf16_optimizer_states", deepspeed, "--optimizer-states bf16")
+    plan = make_plan(
+        model, host, asked, rates, aio, alloc_conf(host, settings), calibration, deepspeed_version=deepspeed
+    )
     if host.source == "live" and not measure and (note := nominal_note(host, rates)):
         plan = replace(plan, warnings=(*plan.warnings, note))
     return plan
@@ -102,6 +110,16 @@ def installed_torch_version() -> str | None:
 
     try:
         return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def installed_deepspeed_version() -> tuple[int, int, int] | None:
+    """The installed DeepSpeed's (major, minor, patch), from its metadata (deepspeed itself is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return features.parse_version(version("deepspeed"))
     except PackageNotFoundError:
         return None
 
@@ -212,7 +230,8 @@ def does_not_fit(plan: Plan) -> DoesNotFit:
     """The exit-3 error for a plan with no fitting candidate."""
     return DoesNotFit(
         f"{plan.model.name} does not fit this host with any allowed strategy; closest: {closest_shortfall(plan)}; "
-        "see the candidates table",
+        + (f"{plan.states_hint}; " if plan.states_hint else "")
+        + "see the candidates table",
         plan,
     )
 

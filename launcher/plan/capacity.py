@@ -20,6 +20,10 @@ PARAM_BUFFER_COUNT = 5
 MAX_IN_CPU = 1_000_000_000
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/constants.py: swap partitions align to 1 KiB
 SWAP_BUFFER_RAM_FRACTION = 0.10  # at most this share of a node's RAM for the optimizer swap buffers
+# [Twin-Flow] (memory.py) DeepSpeed splits a partial offload by whole sub-groups: a partial offload's partition is cut
+# into about this many, so the share kept on the GPU moves in steps of ~5 % (with DeepSpeed's 1e9-element default a
+# 7B partition has 7 sub-groups: steps of 14 %). Each sub-group is one optimizer.step() call: 20 cost nothing.
+PARTIAL_OFFLOAD_SUB_GROUPS = 20
 
 
 # ------------------------------------------------------------------------------------------ capacity
@@ -78,6 +82,8 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((OPTIMIZER_BUFFER_COUNT + 1) * 4)
         overshoot = -(-model.largest_param_numel // world)
         sub_group = int(min(DEFAULT_SUB_GROUP_SIZE, max(10_000_000, budget_numel - overshoot)))
+    elif strategy.partial:
+        sub_group = partial_offload_sub_group_size(model.params, world)
     return Buckets(
         reduce_bucket_size=h * h,
         allgather_bucket_size=h * h,
@@ -93,6 +99,12 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         max_live_parameters=memory.zero3_live_parameter_limit(model.layer_params),
         max_reuse_distance=memory.zero3_live_parameter_limit(model.layer_params),
     )
+
+
+def partial_offload_sub_group_size(params: int, world: int) -> int:
+    """sub_group_size for a partial offload: the rank's partition in PARTIAL_OFFLOAD_SUB_GROUPS pieces, never
+    above DeepSpeed's default."""
+    return max(1, min(DEFAULT_SUB_GROUP_SIZE, -(-(params // world) // PARTIAL_OFFLOAD_SUB_GROUPS)))
 
 
 def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:

@@ -47,6 +47,17 @@ Sources:
             way. The PYTORCH_ALLOC_CONF keys `pinned_max_round_threshold_mb` / `pinned_max_cached_size_mb`
             (in torch 2.13's libc10, not in older releases, where an unknown key is an error) turn it off
             above a size; see PINNED_ALLOC_CONF.
+  [Twin-Flow] DeepSpeed ZeRO-Offload++ (blogs/deepspeed-offloadpp, PR 4636, DeepSpeed >= 0.12.4):
+            offload_optimizer.ratio, ZeRO-3 only. stage3.py `_create_fp32_partitions` keeps sub-group i on the GPU
+            when i < int((1 - ratio) x sub-groups), the rest on the CPU: the GPU's share holds its fp32 master, m,
+            v (12 B) and fp32 gradient (4 B, `subgroup_gradient_buffer.to(device)`) on the device and is stepped by
+            torch's AdamW there (`backup_optimizer`); the 16-bit gradient partition stays on the CPU whole
+            (`grad_partitions_flat_buffer`). The split is by whole sub-groups, so the share is quantized.
+  [DS-bf16s] DeepSpeed >= 0.19.1 (PR 8010): `bf16.bf16_master_weights_and_grads` + `bf16.bf16_optimizer_states`
+            with the optimizer offloaded to the CPU keep the master weights, Adam's m and v and the optimizer's
+            gradient partition in bf16 (base_optimizer.py `_configure_master_weights` -> master_weights_and_grads
+            dtype; engine.py builds DeepSpeedCPUAdam with fp32_optimizer_states=False): 2 B each instead of 4, so
+            6 + 2 B/param on the CPU instead of 12 + 4. Other numerics: opt-in (--optimizer-states bf16).
   [DS-live] DeepSpeed partitioned_param_coordinator.py: `fetch_sub_module` gathers the current module's
             params unconditionally, then prefetches `min(max_n_available_params - n_available_params,
             prefetch_bucket_sz)` elements (the loop overshoots by one param); `__params_to_release` keeps every
@@ -136,26 +147,56 @@ class Strategy:
     zero_stage: int
     offload_optimizer: str = "none"  # "none" | "cpu" | "nvme"
     offload_param: str = "none"
+    # [Twin-Flow] offload_optimizer.ratio as written to the ds_config: the share of the optimizer's sub-groups on
+    # the CPU (1: all of them); below 1 only with ZeRO-3 and the optimizer on the CPU
+    offload_ratio: float = 1.0
+    # [DS-bf16s] the precision of the offloaded optimizer's master weights, moments and gradients: "fp32" | "bf16"
+    optimizer_states: str = "fp32"
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes per element of the optimizer's master weights, m, v and gradient partition ([DS-bf16s])."""
+        return BYTES_16BIT if self.optimizer_states == "bf16" else BYTES_FP32
+
+    @property
+    def states_term(self) -> str:
+        return f"{self.optimizer_states} optimizer states"
+
+    @property
+    def gradients_term(self) -> str:
+        return f"{self.optimizer_states} gradient partition"
+
+    @property
+    def partial(self) -> bool:
+        """Part of the optimizer stays on the GPU ([Twin-Flow])."""
+        return self.offload_optimizer == "cpu" and self.offload_ratio < 1
 
     @property
     def label(self) -> str:
         parts = [f"ZeRO-{self.zero_stage}"]
-        if self.offload_optimizer != "none":
+        if self.partial:
+            parts.append(f"opt->cpu {self.offload_ratio:.0%}")
+        elif self.offload_optimizer != "none":
             parts.append(f"opt->{self.offload_optimizer}")
         if self.offload_param != "none":
             parts.append(f"param->{self.offload_param}")
-        return " + ".join(parts)
+        label = " + ".join(parts)
+        return label + " (bf16 states)" if self.optimizer_states == "bf16" else label
 
     @property
     def offloads(self) -> bool:
         return self.offload_optimizer != "none" or self.offload_param != "none"
 
     def to_json(self) -> dict:
-        return {
+        out: dict = {
             "zero_stage": self.zero_stage,
             "offload_optimizer": self.offload_optimizer,
             "offload_param": self.offload_param,
         }
+        if self.offload_optimizer != "none":
+            out["offload_ratio"] = self.offload_ratio
+            out["optimizer_states"] = self.optimizer_states
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,14 +260,15 @@ def model_states(params: int, strategy: Strategy, world: int) -> dict[str, dict[
     stage, n = strategy.zero_stage, world
     weights = BYTES_16BIT * params // (n if stage >= 3 else 1)
     grads = BYTES_16BIT * params // (n if stage >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES_PER_PARAM * params // n  # partitioned from stage 1 on
+    # partitioned from stage 1 on; master, m, v of 2 B each with bf16 states [DS-bf16s]
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * params // n * strategy.state_bytes // BYTES_FP32
     tiers: dict[str, dict[str, int]] = {"gpu": {}, "cpu": {}, "nvme": {}}
     param_tier = "gpu" if strategy.offload_param == "none" else strategy.offload_param
     optimizer_tier = "gpu" if strategy.offload_optimizer == "none" else strategy.offload_optimizer
     tiers[param_tier]["fp16 weights"] = weights
     # With the optimizer offloaded, gradients stream to where the update runs ([seeds] ZeRO-Offload).
     tiers[optimizer_tier]["fp16 gradients"] = grads if optimizer_tier == "gpu" else BYTES_16BIT * params // n
-    tiers[optimizer_tier]["fp32 optimizer states"] = optimizer
+    tiers[optimizer_tier][strategy.states_term] = optimizer
     return tiers
 
 
@@ -325,6 +367,59 @@ def stage3_subgroup_numels(partition: int, sub_group_size: int, subgroup_numel: 
     return [subgroup_numel] * full + [max(1, partition - full * subgroup_numel)]
 
 
+def gpu_subgroup_count(groups: int, ratio: float) -> int:
+    """[Twin-Flow] how many of a rank's sub-groups stage3.py keeps on the GPU: those with i < int((1 - ratio) x
+    sub-groups)."""
+    return int((1 - ratio) * groups)
+
+
+def split_subgroups(partition: int, sub_group_size: int, subgroup_numel: int, ratio: float) -> tuple[list, list]:
+    """(the sub-groups on the GPU, those on the CPU) of stage3_subgroup_numels' bound ([Twin-Flow])."""
+    groups = stage3_subgroup_numels(partition, sub_group_size, subgroup_numel)
+    on_gpu = gpu_subgroup_count(len(groups), ratio)
+    return groups[:on_gpu], groups[on_gpu:]
+
+
+def stage3_subgroups(shape: ModelShape, world: int, sub_group_size: int) -> list[int]:
+    """One rank's ZeRO-3 sub-groups as stage3.py `_create_fp16_sub_groups` forms them: each tensor's partition
+    (ceil(numel / N), `partition_numel()`) added in order until a group reaches sub_group_size; the whole
+    partition is one group when sub_group_size is not below it. Without the tensors' sizes, the bound of
+    stage3_subgroup_numels."""
+    if not shape.param_numels:
+        partition = shape.params // world
+        subgroup = optimizer_subgroup_numel(shape.params, world, sub_group_size, shape.largest_param_numel)
+        return stage3_subgroup_numels(partition, sub_group_size, subgroup)
+    partitions = [-(-numel // world) for numel in shape.param_numels]
+    if sub_group_size >= sum(partitions):
+        return [sum(partitions)]
+    groups, size = [], 0
+    for numel in partitions:
+        size += numel
+        if size >= sub_group_size:
+            groups.append(size)
+            size = 0
+    return groups + ([size] if size else [])
+
+
+def optimizer_gpu_share(shape: ModelShape, strategy: Strategy, buckets: Buckets, world: int) -> float:
+    """The share of the optimizer's elements a partial offload keeps on the GPU ([Twin-Flow]); 0 otherwise."""
+    if not strategy.partial or strategy.zero_stage < 3:
+        return 0.0
+    groups = stage3_subgroups(shape, world, buckets.sub_group_size)
+    on_gpu = gpu_subgroup_count(len(groups), strategy.offload_ratio)
+    return sum(groups[:on_gpu]) / sum(groups)
+
+
+def ratio_keeping(on_gpu: int, groups: int) -> float:
+    """The offload_optimizer.ratio that keeps exactly the first `on_gpu` of `groups` sub-groups on the GPU
+    (stage3.py's int((1 - ratio) x groups) == on_gpu): the share on the CPU, rounded to 6 digits and nudged down
+    where floating point would land one sub-group short."""
+    ratio = round(1 - on_gpu / groups, 6)
+    while int((1 - ratio) * groups) < on_gpu:
+        ratio = round(ratio - 1e-6, 6)
+    return ratio
+
+
 def pinned_host_terms(
     shape: ModelShape,
     strategy: Strategy,
@@ -353,8 +448,8 @@ def pinned_host_terms(
         terms["16-bit staging partition"] = BYTES_16BIT * partition
         terms["gradient staging buffer (largest param)"] = BYTES_16BIT * shape.largest_param_numel
         offload_pinned += [
-            BYTES_FP32 * partition,  # fp32 master partition (inside "fp32 optimizer states")
-            BYTES_FP32 * partition,  # fp32 gradient partition
+            strategy.state_bytes * partition,  # the master partition (inside the optimizer states term)
+            strategy.state_bytes * partition,  # the optimizer's gradient partition
             BYTES_16BIT * partition,
             BYTES_16BIT * shape.largest_param_numel,
         ]
@@ -372,9 +467,9 @@ def pinned_host_terms(
         offload_pinned.append(BYTES_16BIT * partition)
         if strategy.offload_optimizer == "cpu":
             subgroup = optimizer_subgroup_numel(p, n, buckets.sub_group_size, shape.largest_param_numel)
-            # one pinned fp32 gradient buffer per sub-group: the "fp32 gradient partition" term
-            groups = stage3_subgroup_numels(partition, buckets.sub_group_size, subgroup)
-            offload_pinned += [BYTES_FP32 * k for k in groups]
+            # one pinned gradient buffer per sub-group on the CPU: the gradient partition term
+            _, groups = split_subgroups(partition, buckets.sub_group_size, subgroup, strategy.offload_ratio)
+            offload_pinned += [strategy.state_bytes * k for k in groups]
     if strategy.zero_stage >= 3 and strategy.offload_param != "none":
         # `_create_param_groups_fp16_flat_cpu_memory`: "fp16 weights" (CPU) or "params kept in CPU"
         flat = p // n if strategy.offload_param == "cpu" else min(p // n, buckets.max_in_cpu)
@@ -436,7 +531,7 @@ def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *
                 subgroup, buckets.optimizer_buffer_count
             )
         else:
-            terms["sub-group gradient buffer"] = subgroup * BYTES_FP32
+            terms["sub-group gradient buffer"] = subgroup * strategy.state_bytes
     if strategy.offload_param == "nvme":
         terms["param swap buffers (pinned)"] = param_swap_buffer_bytes(
             buckets.param_buffer_count, buckets.param_buffer_size
@@ -474,7 +569,12 @@ def estimate(
     if strategy.offload_optimizer != "none":
         tier = cpu_per_rank if strategy.offload_optimizer == "cpu" else nvme_per_rank
         tier.pop("fp16 gradients")
-        tier["fp32 gradient partition"] = fp32_gradient_partition_bytes(p, n)
+        tier[strategy.gradients_term] = fp32_gradient_partition_bytes(p, n) * strategy.state_bytes // BYTES_FP32
+        share = optimizer_gpu_share(shape, strategy, buckets, n)
+        if share:  # [Twin-Flow] the GPU's sub-groups: their master, m, v and gradient partition on the device
+            for name in (strategy.states_term, strategy.gradients_term):
+                gpu[f"{name} (GPU share)"] = int(tier[name] * share)
+                tier[name] -= gpu[f"{name} (GPU share)"]
     else:
         # Built from the 16-bit gradients at step time while they still exist (stage_1_and_2.py step()).
         gpu["fp32 gradient partition (step)"] = fp32_gradient_partition_bytes(p, n)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
-from launcher.plan import memory, timing
+from launcher.plan import features, memory, timing
 from launcher.plan.calibration import calibrate
 from launcher.plan.capacity import (
     fit_problems,
@@ -38,6 +38,7 @@ __all__ = [
     "batch_advice",
     "decide_pin_memory",
     "estimate_candidate",
+    "partial_offload_candidate",
     "locked_swap_bytes_per_rank",
     "make_plan",
     "pins_host_memory",
@@ -110,6 +111,8 @@ class Plan:
     # PYTORCH_ALLOC_CONF the ranks get (memory.pinned_alloc_conf; None: none): the estimates count torch's
     # pinned-buffer rounding as it sets it, and the launch command sets it (prepare.launch_spec)
     alloc_conf: str | None = None
+    # what 16-bit optimizer states would allow when the fp32 ones fit only on NVMe or not at all (states_hint)
+    states_hint: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -194,8 +197,9 @@ def estimate_candidate(
     grad_accum = grad_accum or workload.grad_accum
     buckets = size_buckets(model, host, strategy, world, ranks)
     pinned = pins_host_memory(strategy, host)
+    shape = model_shape(model, buckets)
     estimate = memory.estimate(
-        model_shape(model, buckets),
+        shape,
         strategy,
         buckets,
         world=world,
@@ -208,9 +212,17 @@ def estimate_candidate(
         pinned_round_limit=memory.pinned_round_limit(alloc_conf),
         grad_accum=grad_accum,
     )
-    shape = step_shape(model, workload, micro_batch, grad_accum)
+    # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
+    gpu_share = memory.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0
     step = timing.estimate_step(
-        shape, strategy, rates, world=world, ranks_per_node=ranks, has_gpu=host.has_gpu, pinned=pinned
+        step_shape(model, workload, micro_batch, grad_accum),
+        strategy,
+        rates,
+        world=world,
+        ranks_per_node=ranks,
+        has_gpu=host.has_gpu,
+        pinned=pinned,
+        gpu_share=gpu_share,
     )
     step = calibrate(step, (calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
@@ -224,12 +236,14 @@ def make_plan(
     aio: dict | None = None,
     alloc_conf: str | None = None,
     calibration: dict | None = None,
+    deepspeed_version: tuple[int, int, int] | None = None,
 ) -> Plan:
     """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
     framework's order). `rates` default to the host's described or nominal figures; `alloc_conf` is the
     PYTORCH_ALLOC_CONF the ranks will get (memory.pinned_alloc_conf decides it; None: torch's defaults);
     `calibration` (strategy label -> calibration.Factors): finished runs on this host, whose measured phases
-    scale the candidates of their strategy (the first-principles figures stay beside them)."""
+    scale the candidates of their strategy (the first-principles figures stay beside them); `deepspeed_version`:
+    the installed DeepSpeed's, which gates the newer modes (features.py; None: all of them)."""
     if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
         raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
     if rates is None:
@@ -241,13 +255,25 @@ def make_plan(
     ranks = resolve_ranks(workload, host)
     world = ranks * host.nodes
 
+    if workload.optimizer_states == "bf16" and precision != "bf16":
+        raise UserInputError(
+            f"--optimizer-states bf16 needs bf16 training, and {host.gpus.name} has no bf16: drop it"
+            if host.has_gpu
+            else "--optimizer-states bf16 needs bf16 training: drop --precision fp16"
+        )
     candidates = [
         estimate_candidate(
             model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
         )
-        for strategy in CANDIDATE_ORDER
+        for strategy in map(workload.shaped, CANDIDATE_ORDER)
         if workload.allows(strategy)
     ]
+    partial = None
+    if features.supports("offload_ratio", deepspeed_version):
+        partial = partial_offload_candidate(model, host, workload, rates, world, ranks, alloc_conf, calibration)
+    if partial is not None:  # in the framework's order: before the full ZeRO-3 optimizer offload it refines
+        full = [i for i, c in enumerate(candidates) if c.strategy == workload.shaped(FULL_OFFLOAD)]
+        candidates.insert(full[0] if full else len(candidates), partial)
     fitting = [c for c in candidates if c.fits]
     ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
     chosen = ranked[0] if ranked else None
@@ -265,6 +291,11 @@ def make_plan(
             f"calibrated by finished runs on this host (their measured / predicted phases): {', '.join(calibrated)}; "
             "the other candidates are first-principles predictions"
         )
+    hint = None
+    if features.supports("bf16_optimizer_states", deepspeed_version):
+        hint = states_hint(model, host, workload, chosen, rates, world, ranks, alloc_conf)
+    if hint:
+        reasons.append(hint)
     pin = True
     advice = None
     if chosen is not None:
@@ -286,7 +317,81 @@ def make_plan(
         advice,
         aio,
         alloc_conf,
+        hint,
     )
+
+
+def states_hint(model, host, workload: Workload, chosen, rates, world, ranks, alloc_conf=None) -> str | None:
+    """When the fp32 optimizer states fit nowhere, or only on NVMe, and 16-bit ones would fit in CPU RAM
+    (memory.py [DS-bf16s]): the fastest such candidate, said in one line. Not chosen unasked: it changes the
+    numerics (--optimizer-states bf16 opts in)."""
+    if workload.optimizer_states != "fp32" or (chosen is not None and chosen.strategy.offload_optimizer != "nvme"):
+        return None
+    try:  # the user's pins may exclude them (the optimizer pinned off the CPU, fp16): then no hint
+        bf16 = replace(workload, optimizer_states="bf16")
+    except UserInputError:
+        return None
+    if resolve_precision(workload.precision, host) != "bf16":
+        return None
+    fitting = [
+        c
+        for c in (
+            estimate_candidate(model, host, bf16, strategy, rates, world, ranks, alloc_conf=alloc_conf)
+            for strategy in map(bf16.shaped, CANDIDATE_ORDER)
+            if bf16.allows(strategy) and strategy.offload_optimizer == "cpu"
+        )
+        if c.fits
+    ]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda c: c.timing.expected_seconds)
+    faster = f", {chosen.timing.expected_seconds / best.timing.expected_seconds:.1f}x faster" if chosen else ""
+    return (
+        f"with --optimizer-states bf16 (16-bit master weights and Adam moments on the CPU, DeepSpeed >= 0.19.1; "
+        f"other numerics, so only when asked) {best.strategy.label.removesuffix(' (bf16 states)')} would fit in "
+        f"{fmt_bytes(best.memory.cpu_bytes)} of CPU RAM per node: {best.timing.expected_seconds:.3g} s/step{faster}"
+    )
+
+
+FULL_OFFLOAD = Strategy(3, "cpu")  # the candidate a partial offload refines
+
+
+def partial_offload_candidate(
+    model,
+    host,
+    workload: Workload,
+    rates: Rates,
+    world: int,
+    ranks: int,
+    alloc_conf: str | None = None,
+    calibration: dict | None = None,
+) -> Candidate | None:
+    """[Twin-Flow] (memory.py) ZeRO-3 with part of the optimizer on the GPU: the share that minimizes the
+    predicted step among those that fit, one sub-group at a time (capacity.PARTIAL_OFFLOAD_SUB_GROUPS: steps
+    of ~5 %), or the one --offload-ratio pins (whether it fits or not, so the table says). None when no share
+    fits, when the optimizer or the stage are pinned elsewhere, and on the CPU accelerator unless pinned: there
+    DeepSpeed steps the "GPU" share on the CPU too, nothing to gain."""
+    pinned = workload.offload_ratio
+    if pinned is not None:
+        strategies = [Strategy(3, "cpu", offload_ratio=pinned)] if pinned < 1 else []
+    elif host.has_gpu:
+        sizing = size_buckets(model, host, Strategy(3, "cpu", offload_ratio=0.5), world, ranks)
+        groups = len(memory.stage3_subgroups(model_shape(model, sizing), world, sizing.sub_group_size))
+        strategies = [Strategy(3, "cpu", offload_ratio=memory.ratio_keeping(k, groups)) for k in range(1, groups)]
+    else:
+        strategies = []
+    strategies = [workload.shaped(strategy) for strategy in strategies]
+    evaluated = [
+        estimate_candidate(
+            model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
+        )
+        for strategy in strategies
+        if workload.allows(strategy)
+    ]
+    if pinned is not None:
+        return evaluated[0] if evaluated else None
+    fitting = [c for c in evaluated if c.fits]
+    return min(fitting, key=lambda c: c.timing.expected_seconds) if fitting else None
 
 
 def batch_advice(
@@ -384,6 +489,31 @@ def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
     return per_node // ranks
 
 
+def partial_offload_reason(chosen: Candidate, candidates, has_gpu: bool) -> str:
+    """Why a partial offload ([Twin-Flow]), in numbers: the share kept on the GPU and the step against the full
+    offload's."""
+    if not has_gpu:
+        return (
+            "partial optimizer offload (DeepSpeed Twin-Flow, offload_optimizer.ratio "
+            f"{chosen.strategy.offload_ratio:g}) as pinned: on the CPU accelerator the device's share is CPU memory "
+            "too and DeepSpeed steps it with CPU-Adam, so it runs and checkpoints like on a GPU but is timed as a "
+            "full offload"
+        )
+    states = chosen.strategy.states_term
+    on_gpu = chosen.memory.gpu_terms.get(f"{states} (GPU share)", 0)
+    on_cpu = chosen.memory.cpu_terms.get(states, 0)
+    full = [c for c in candidates if c.strategy == replace(chosen.strategy, offload_ratio=1.0)]
+    versus = ""
+    if full:
+        ratio = full[0].timing.expected_seconds / chosen.timing.expected_seconds
+        versus = f"; the full offload would take {full[0].timing.expected_seconds:.3g} s/step ({ratio:.2f}x)"
+    return (
+        f"partial optimizer offload (DeepSpeed Twin-Flow, offload_optimizer.ratio {chosen.strategy.offload_ratio:g}): "
+        f"{fmt_bytes(on_gpu)} of {states} per GPU and their Adam step stay on the GPU, the rest on "
+        f"the CPU ({fmt_bytes(on_cpu)} per node){versus}"
+    )
+
+
 def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[str], list[str]]:
     reasons: list[str] = []
     warnings: list[str] = list(host.warnings)  # what inspecting the host found (another process on a GPU ...)
@@ -412,6 +542,8 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
         f"{world}; {t.step_seconds:.3g} s/step{calibrated}, {t.tokens_per_s:,.0f} tokens/s, offload overhead "
         f"{t.offload_overhead_fraction:.0%})"
     )
+    if chosen.strategy.partial:
+        reasons.append(partial_offload_reason(chosen, candidates, host.has_gpu))
     if chosen.strategy.offload_optimizer == "none" and host.has_gpu:
         reasons.append(
             "optimizer on the GPU: ds_config sets torch_adam with fused, so DeepSpeed uses torch's fused AdamW "

@@ -57,6 +57,15 @@ Sources:
   [seeds-O]   "The swap math": overlapped work costs max(t_compute, t_move), serial work the sum.
               DeepSpeed overlaps gradient copies with the backward (overlap_comm); the CPU-Adam step,
               the weight upload after it, parameter fetches and the NVMe swap are charged serially.
+  [bf16-states] With 16-bit optimizer states (memory.py [DS-bf16s]) every state-sized byte above halves: CPU-Adam
+              streams 4 loads and 3 stores of 2 B (14 B/param instead of 28: its measured fp32 rate scaled by
+              28/14, an assumption - the loop is taken as memory-bound, as [seeds-A]), the norm reads and the
+              narrowing copies 2 B (2 + 2 + 2 B instead of 10), the widening writes 2 B (2 + 2 instead of 6).
+  [Twin-Flow] With a partial optimizer offload (memory.py [Twin-Flow]) the GPU's share of the sub-groups is stepped
+              by torch's AdamW on the device (device_optimizer_seconds), the rest by CPU-Adam, one sub-group after
+              another (stage3.py `step` -> `_optimizer_step`), so the update costs both in proportion to their shares;
+              only the CPU's share crosses PCIe back as updated 16-bit weights and runs DeepSpeed's host copies. The
+              16-bit gradients still go down whole (`grad_partitions_flat_buffer` is on the CPU either way).
   [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
               pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
               Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
@@ -67,19 +76,33 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from launcher.plan.memory import BYTES_16BIT, OPTIMIZER_BYTES_PER_PARAM, Strategy
+from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, Strategy
 
 # [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
 MFU = 0.5  # achievable fraction of a GPU's peak dense TFLOP/s in training (PaLM reports 46 %, Chowdhery 2022)
-# [DS-step] host memory bytes per parameter around CPU-Adam: the norm's read (4), the narrowing (4 + 2) in the update;
-# the widening of the gradients (2 + 4) per micro-batch, a host copy in the passes on the CPU accelerator.
-HOST_UPDATE_BYTES_PER_PARAM = 4 + 4 + 2
-HOST_WIDEN_BYTES_PER_PARAM = 2 + 4
 # [seeds-A] DRAM bytes per parameter of one Adam step: reads master, gradient, m, v; writes master, m, v.
 ADAM_BYTES_PER_PARAM = 16 + 12
+
+
+def host_update_bytes(state_bytes: int) -> int:
+    """[DS-step] per parameter in the update: the norm's read and the narrowing's read of the state-sized master
+    and gradient, the 16-bit write: 10 B with fp32 states, 6 with bf16 ([bf16-states])."""
+    return 2 * state_bytes + BYTES_16BIT
+
+
+def host_widen_bytes(state_bytes: int) -> int:
+    """[DS-step] per parameter and micro-batch on the CPU accelerator: the 16-bit gradient read, the state-sized
+    write: 6 B with fp32 states, 4 with bf16 ([bf16-states])."""
+    return BYTES_16BIT + state_bytes
+
+
+# [DS-step] host memory bytes per parameter around CPU-Adam: the norm's read (4), the narrowing (4 + 2) in the update;
+# the widening of the gradients (2 + 4) per micro-batch, a host copy in the passes on the CPU accelerator.
+HOST_UPDATE_BYTES_PER_PARAM = host_update_bytes(BYTES_FP32)
+HOST_WIDEN_BYTES_PER_PARAM = host_widen_bytes(BYTES_FP32)
 # [non-matmul] bytes per token per unit of hidden size of one block's forward elementwise work.
 NONMATMUL_BYTES_PER_HIDDEN = 170
 # [roofline] times a 16-bit weight is read per micro-batch: once in the forward, twice in the backward, once more
@@ -323,10 +346,10 @@ def host_bytes(
     accelerator the widening of each micro-batch's gradients in the passes and the transfers, which are memcpys
     there (each byte read and written)."""
     optimizer_on_host = strategy.offload_optimizer != "none" or not has_gpu
-    update = HOST_UPDATE_BYTES_PER_PARAM * params // world if optimizer_on_host else 0
+    update = host_update_bytes(strategy.state_bytes) * params // world if optimizer_on_host else 0
     passes = 0
     if not has_gpu:
-        passes = HOST_WIDEN_BYTES_PER_PARAM * params // world * accum + 2 * moved.fetches
+        passes = host_widen_bytes(strategy.state_bytes) * params // world * accum + 2 * moved.fetches
         update += 2 * moved.weights
     return passes, update
 
@@ -385,15 +408,22 @@ def estimate_step(
     ranks_per_node: int,
     has_gpu: bool,
     pinned: bool = True,
+    gpu_share: float = 0.0,
 ) -> StepEstimate:
     """Both phases of one optimizer step [seeds-O]. Passes: the compute, or the gradient copies it overlaps when
     they take longer, then the ZeRO-3 hooks and the parameter fetches (PCIe, NVMe), which wait. Update: CPU-Adam,
     DeepSpeed's host copies, the weights across PCIe, the optimizer's NVMe swap, the engine's fixed cost.
-    `pinned`: whether the offloaded host buffers are page-locked (pin_memory), which sets the copy rate."""
+    `pinned`: whether the offloaded host buffers are page-locked (pin_memory), which sets the copy rate;
+    `gpu_share`: the optimizer's share a partial offload keeps on the GPU (memory.optimizer_gpu_share); 0 on the
+    CPU accelerator, where that "device" is the CPU and DeepSpeed steps every sub-group with CPU-Adam (stage3.py
+    `_optimizer_step`: cur_device == 'cpu')."""
     params, accum = shape.params, shape.grad_accum
     t_compute = compute_seconds(shape, rates)
     moved = transfers(params, strategy, world, accum)
+    host_share = 1.0 - gpu_share  # [Twin-Flow] what CPU-Adam steps, and uploads after
+    moved = replace(moved, weights=int(moved.weights * host_share))
     host_passes, host_update = host_bytes(params, strategy, world, moved, has_gpu, accum)
+    host_update = int(host_update * host_share)
     bandwidth = (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node  # the rank's share: all ranks copy at once
     t_host_passes = host_passes / bandwidth if bandwidth else 0.0
     t_host_update = host_update / bandwidth if bandwidth else 0.0
@@ -409,7 +439,10 @@ def estimate_step(
     optimizer_on_cpu = strategy.offload_optimizer != "none" or not has_gpu
     no_offload = strategy.offload_optimizer == "none"
     if optimizer_on_cpu:  # on the CPU accelerator without offload: torch's fused AdamW (dsconfig.uses_torch_adam)
-        t_adam = cpu_adam_seconds(params, world, ranks_per_node, rates, torch_adam=no_offload)
+        t_adam = cpu_adam_seconds(params, world, ranks_per_node, rates, torch_adam=no_offload) * host_share
+        t_adam *= strategy.state_bytes / BYTES_FP32  # [bf16-states]: half the bytes with 16-bit states
+        if gpu_share:  # [Twin-Flow] the GPU's share: torch's AdamW on the device
+            t_adam += gpu_share * device_optimizer_seconds(params, world, rates)
     else:
         t_adam = device_optimizer_seconds(params, world, rates)
     t_step = no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu) if no_offload else 0.0

@@ -26,6 +26,8 @@ class Workload:
     zero_stage: str = DEFAULTS["zero_stage"]  # "auto" | "1" | "2" | "3"
     offload_optimizer: str = DEFAULTS["offload_optimizer"]
     offload_param: str = DEFAULTS["offload_param"]
+    offload_ratio: float | None = DEFAULTS["offload_ratio"]  # None: the plan chooses
+    optimizer_states: str = DEFAULTS["optimizer_states"]  # "fp32" | "bf16" (memory.py [DS-bf16s])
     nvme_path: str | None = DEFAULTS["nvme_path"]
     lr: float = DEFAULTS["lr"]
     warmup_steps: int = DEFAULTS["warmup_steps"]
@@ -37,6 +39,13 @@ class Workload:
     def __post_init__(self) -> None:
         settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
 
+    def shaped(self, strategy: Strategy) -> Strategy:
+        """`strategy` with this workload's optimizer-state precision where the optimizer is on the CPU (16-bit states
+        exist only there, memory.py [DS-bf16s])."""
+        if strategy.offload_optimizer == "cpu" and strategy.optimizer_states != self.optimizer_states:
+            return dataclasses.replace(strategy, optimizer_states=self.optimizer_states)
+        return strategy
+
     def allows(self, strategy: Strategy) -> bool:
         """Whether `strategy` respects the pinned parts of the choice."""
         if self.zero_stage != "auto" and strategy.zero_stage != int(self.zero_stage):
@@ -44,6 +53,14 @@ class Workload:
         if self.offload_optimizer != "auto" and strategy.offload_optimizer != self.offload_optimizer:
             return False
         if self.offload_param != "auto" and strategy.offload_param != self.offload_param:
+            return False
+        if self.offload_ratio is not None and (
+            strategy.offload_optimizer == "none"
+            or (strategy.offload_optimizer == "cpu" and strategy.offload_ratio != self.offload_ratio)
+            or (strategy.offload_optimizer == "nvme" and self.offload_ratio < 1)
+        ):
+            return False
+        if strategy.optimizer_states != self.optimizer_states:
             return False
         # ZeRO-1 with offload only when the user asked for stage 1: ZeRO-2 + offload dominates it.
         return not (strategy.zero_stage == 1 and strategy.offloads and self.zero_stage != "1")

@@ -62,6 +62,12 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.torch = torch
         torch.manual_seed(spec.seed)
+        if self.ds_config.get("bf16", {}).get("bf16_optimizer_states"):
+            # 16-bit Adam moments start at zero and pass through denormal bf16 values, which x86 cores process
+            # far slower: measured on the CPU accelerator, step 6 of a tiny Llama ran at 234 tokens/s without
+            # flushing and 1,945 with it (1,244 with fp32 states). Flushing values below ~1e-38 to zero changes no
+            # printed loss.
+            torch.set_flush_denormal(True)
 
         self.tokenizer = self._load_tokenizer()
         self.blocks = self._load_data()
@@ -254,10 +260,29 @@ class Trainer:
             "zero_stage": stage,
             "offload_optimizer": optimizer_at,
             "offload_param": param_at,
+            **self.optimizer_layout(),
         }
         return run_summary(self.spec, setup, metrics.losses, wall, peak, measured, self.checkpoints.skipped)
 
     # --------------------------------------------------------------------------------- resources
+
+    def optimizer_layout(self) -> dict:
+        """What DeepSpeed really built for the optimizer, read from its ZeRO optimizer: the dtype of the master
+        weights and states, and with a partial offload how many sub-groups it keeps on the device
+        (stage3.py `subgroup_to_device`)."""
+        optimizer = self.engine.optimizer
+        layout = {}
+        dtype = getattr(optimizer, "master_weights_and_grads_dtype", None)
+        if dtype is not None:
+            layout["optimizer_states_dtype"] = str(dtype).removeprefix("torch.")
+        split = getattr(optimizer, "subgroup_to_device", None)  # ZeRO-3 with the optimizer offloaded
+        if split:
+            # stage3.py `_create_fp32_partitions`: sub-group i stays on the device when i < int((1 - ratio) x
+            # groups); on the CPU accelerator that device is the CPU too, so the rule is applied, not the names read
+            ratio = self.zero.get("offload_optimizer", {}).get("ratio", 1.0)
+            on_device = int((1 - ratio) * len(split))
+            layout["optimizer_subgroups"] = {"device": on_device, "cpu": len(split) - on_device}
+        return layout
 
     def planned_placement(self) -> tuple[int, str, str]:
         """(ZeRO stage, optimizer state device, parameter device) as the ds_config asks for them."""

@@ -102,8 +102,9 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     usable_gpu = capacity.usable_gpu_bytes(h) if h.has_gpu else None
     usable_nvme = capacity.usable_nvme_bytes(h) if h.nvme else None
     gpu_head = "GPU/device" if h.has_gpu else "per rank*"
+    width = max([34] + [len(c.strategy.label) + 1 for c in plan.candidates])
     header = (
-        f"  {'strategy':<34}{gpu_head:>13}{'CPU/node':>13}{'NVMe/node':>13}  fits"
+        f"  {'strategy':<{width}}{gpu_head:>13}{'CPU/node':>13}{'NVMe/node':>13}  fits"
         f"{'s/step':>10}{'tokens/s':>11}{'offload':>9}"
     )
     lines.append(
@@ -118,7 +119,7 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
         fits = "yes" if c.fits else "no"
         t = c.timing
         lines.append(
-            f"{mark} {c.strategy.label:<34}{_cell(c.memory.gpu_bytes_per_device):>13}"
+            f"{mark} {c.strategy.label:<{width}}{_cell(c.memory.gpu_bytes_per_device):>13}"
             f"{_cell(c.memory.cpu_bytes):>13}{_cell(c.memory.nvme_bytes):>13}  {fits:<4}"
             f"{seconds_cell(t):>10}{t.tokens_per_s:>11,.0f}{t.offload_overhead_fraction:>9.0%}"
         )

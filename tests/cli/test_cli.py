@@ -80,12 +80,16 @@ def test_json_contract_and_config_out(tmp_path):
     assert set(data) >= JSON_KEYS
     assert data["model"]["params"] == 6_738_415_616
     assert data["model"]["largest_param_numel"] == 131_072_000
+    # 80 GB has room for part of the optimizer beside ZeRO-3's partition: it stays there (DeepSpeed's Twin-Flow)
     assert data["strategy"] == {
-        "zero_stage": 2,
+        "zero_stage": 3,
         "offload_optimizer": "cpu",
         "offload_param": "none",
-        "label": "ZeRO-2 + opt->cpu",
+        "offload_ratio": 0.473684,
+        "optimizer_states": "fp32",
+        "label": "ZeRO-3 + opt->cpu 47%",
     }
+    assert data["ds_config"]["zero_optimization"]["offload_optimizer"]["ratio"] == 0.473684
     for key in ("gpu_bytes_per_device", "cpu_bytes", "nvme_bytes"):
         assert isinstance(data["memory"][key], int)
     assert data["memory"]["nvme_bytes"] == 0

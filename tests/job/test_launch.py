@@ -331,3 +331,43 @@ def test_the_ranks_get_the_allocator_setting_the_plan_counted():
     assert launch.build_command(spec)[1]["PYTORCH_ALLOC_CONF"] == memory.PINNED_ALLOC_CONF
     unset = launch.build_command(launch.LaunchSpec("/o/run_spec.json", 1, "cuda", 8, 29500))[1]
     assert "PYTORCH_ALLOC_CONF" not in unset
+
+
+def test_bound_ranks_get_deepspeeds_flag_before_the_entry_point_and_keep_their_thread_share():
+    argv, env = launch.build_command(spec(bind_cores=True))
+    assert argv[3:10] == ["--num_nodes", "1", "--num_gpus", "2", "--master_port", "29611", "--bind_cores_to_rank"]
+    assert argv[10:12] == ["--no_local_rank", "--module"]  # DeepSpeed's runner reads it as its own option
+    assert env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2 ranks: the share DeepSpeed's numa.py binds each rank to
+    assert "--bind_cores_to_rank" not in launch.build_command(spec())[0]
+
+
+def with_numactl(monkeypatch, installed: bool) -> None:
+    from launcher.job import prepare
+
+    real = prepare.shutil.which
+    path = "/usr/bin/numactl" if installed else None
+    monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+
+
+def test_dry_run_shows_core_binding_when_the_optimizer_is_offloaded(tmp_path, tiny_llama_dir, monkeypatch):
+    with_numactl(monkeypatch, True)
+    offload = ("--zero-stage", "2", "--offload-optimizer", "cpu", "--num-gpus", "2")
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", *offload)
+    assert result.exit_code == 0, result.output
+    command = result.stdout.strip().splitlines()[-1]
+    assert "--master_port" in command and "--bind_cores_to_rank --no_local_rank" in command
+    assert "binding each rank to its share of the cores" in result.stderr and "--no-bind-cores" in result.stderr
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", *offload, "--no-bind-cores")
+    assert result.exit_code == 0 and "--bind_cores_to_rank" not in result.output
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", "--offload-optimizer", "none")
+    assert result.exit_code == 0 and "--bind_cores_to_rank" not in result.output and "numactl" not in result.output
+
+
+def test_dry_run_without_numactl_says_once_that_it_would_bind(tmp_path, tiny_llama_dir, monkeypatch):
+    with_numactl(monkeypatch, False)
+    offload = ("--zero-stage", "2", "--offload-optimizer", "cpu")
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", *offload)
+    assert result.exit_code == 0, result.output
+    assert "--bind_cores_to_rank" not in result.stdout and result.stderr.count("installing numactl") == 1
+    result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", *offload, "--bind-cores")
+    assert result.exit_code == 2 and "--bind-cores needs numactl" in result.output

@@ -12,6 +12,7 @@ import pytest
 
 from launcher import settings
 from launcher.config.final import UserConfig, user_pins
+from launcher.errors import UserInputError
 from launcher.job import prepare, rundir
 from launcher.job.spec import RunSpec
 from launcher.plan.build import build_plan
@@ -109,3 +110,105 @@ def test_a_user_config_naming_a_drive_swaps_into_the_runs_own_folder(tmp_path, w
     assert user.config["zero_optimization"]["offload_optimizer"]["nvme_path"] == drive  # the user's stays as is
     prepare.write(job)
     assert (tmp_path / "drive").is_dir() and [p.name for p in (tmp_path / "drive").iterdir()] == [own.split("/")[-1]]
+
+
+# --- core binding: DeepSpeed's --bind_cores_to_rank, on by default when the optimizer steps on the CPU
+
+OFFLOAD = {"zero_stage": "2", "offload_optimizer": "cpu"}
+
+
+@pytest.fixture
+def numactl(monkeypatch):
+    """Whether numactl is on PATH, as prepare sees it (other look-ups unchanged)."""
+    real = prepare.shutil.which
+
+    def set_installed(installed: bool) -> None:
+        path = "/usr/bin/numactl" if installed else None
+        monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+
+    return set_installed
+
+
+def binding(**typed):
+    s = demo_settings(**typed)
+    return prepare.core_binding(build_plan(s), s)
+
+
+def test_binding_is_on_by_default_when_the_optimizer_is_offloaded_and_numactl_is_there(numactl):
+    numactl(True)
+    result = binding(**OFFLOAD)
+    assert result.bind
+    assert "numactl, DeepSpeed --bind_cores_to_rank" in result.note and "--no-bind-cores turns it off" in result.note
+
+
+def test_binding_stays_off_by_default_without_optimizer_offload(numactl):
+    numactl(True)
+    assert binding(zero_stage="2", offload_optimizer="none") == prepare.CoreBinding(False, None)
+
+
+def test_without_numactl_the_default_is_off_and_says_installing_it_would_bind(numactl):
+    numactl(False)
+    result = binding(**OFFLOAD)
+    assert not result.bind and "installing numactl (apt-get install numactl) would pin each" in result.note
+    assert binding(zero_stage="2", offload_optimizer="none").note is None  # nothing to gain: nothing said
+
+
+def test_bind_cores_typed_without_numactl_is_one_line_error(numactl):
+    numactl(False)
+    with pytest.raises(UserInputError, match=r"^--bind-cores needs numactl .*apt-get install numactl$"):
+        binding(bind_cores=True, **OFFLOAD)
+
+
+def test_typed_choices_win_and_need_no_note(numactl):
+    numactl(True)
+    assert binding(bind_cores=False, **OFFLOAD) == prepare.CoreBinding(False, None)  # --no-bind-cores
+    assert binding(bind_cores=True, zero_stage="2", offload_optimizer="none") == prepare.CoreBinding(True, None)
+
+
+def test_with_a_hostfile_binding_is_asked_for_not_assumed(numactl, tmp_path):
+    numactl(False)  # this machine's numactl says nothing about the hosts': --bind-cores is not refused here
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node-a slots=1\nnode-b slots=1\n")
+    auto = binding(hostfile=str(hosts), **OFFLOAD)
+    assert not auto.bind and "with --hostfile" in auto.note and "--bind-cores pins each" in auto.note
+    assert binding(hostfile=str(hosts), bind_cores=True, **OFFLOAD).bind
+
+
+def test_binding_stays_off_where_deepspeed_would_fail(numactl, monkeypatch):
+    """DeepSpeed's numa.py asserts a core per rank and refuses KMP_AFFINITY; on this machine (live) numactl
+    itself must be allowed to bind (a container's seccomp profile or cpuset may refuse it)."""
+    numactl(True)
+    s = demo_settings(**OFFLOAD)
+    plan = build_plan(s)
+    one_core = replace(plan, ranks_per_node=2, host=replace(plan.host, cpu_cores=1))
+    assert "1 core for 2 ranks, it needs one each" in prepare.core_binding(one_core, s).note
+    monkeypatch.setenv("KMP_AFFINITY", "compact")
+    assert "KMP_AFFINITY" in prepare.core_binding(plan, s).note and not prepare.core_binding(plan, s).bind
+    monkeypatch.delenv("KMP_AFFINITY")
+    live = replace(plan, host=replace(plan.host, source="live"))
+    refused = "numactl -m 0 -C 0-1 true: set_mempolicy: Operation not permitted"
+    monkeypatch.setattr(prepare, "numactl_problem", lambda cores: refused if cores == 2 else None)
+    result = prepare.core_binding(live, s)
+    assert not result.bind and f"numactl cannot bind here ({refused})" in result.note
+    assert prepare.core_binding(live, s, ("--bind_core_list=0",)).bind  # the user's own cores: not probed
+    assert prepare.core_binding(plan, s).bind  # a described host is another machine: not probed here
+
+
+def test_numactl_problem_quotes_numactls_own_words(monkeypatch):
+    def run(argv, **kw):
+        return prepare.subprocess.CompletedProcess(argv, 1, "", "set_mempolicy: Operation not permitted\nusage\n")
+
+    monkeypatch.setattr(prepare.subprocess, "run", run)
+    assert prepare.numactl_problem(4) == "numactl -m 0 -C 0-3 true: set_mempolicy: Operation not permitted"
+    monkeypatch.setattr(prepare.subprocess, "run", lambda argv, **kw: prepare.subprocess.CompletedProcess(argv, 0))
+    assert prepare.numactl_problem(4) is None
+
+
+def test_the_job_launches_bound_and_keeps_each_ranks_thread_share(numactl):
+    numactl(True)
+    job = prepared(demo_settings(num_gpus=2, **OFFLOAD))
+    assert "--bind_cores_to_rank" in job.argv and job.argv.index("--bind_cores_to_rank") < job.argv.index("--module")
+    assert job.env["OMP_NUM_THREADS"] == "1"  # 2 cores / 2 ranks: what DeepSpeed's numa.py gives each too
+    assert len(job.notes) == 1 and "--no-bind-cores" in job.notes[0]
+    unbound = prepared(demo_settings(num_gpus=2, bind_cores=False, **OFFLOAD))
+    assert "--bind_cores_to_rank" not in unbound.argv and unbound.notes == ()

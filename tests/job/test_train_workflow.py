@@ -171,3 +171,28 @@ def test_a_clean_launch_returns_the_runs_summary(prepared, monkeypatch):
     train.write_run(prepared, resume=False)
     (prepared.out / "run.json").write_text(json.dumps({"steps": 100, "final_loss": 1.5}))
     assert train.launch_run(prepared, stdout_to_stderr=True) == {"steps": 100, "final_loss": 1.5}
+
+
+def numactl_installed(monkeypatch, installed: bool) -> None:
+    from launcher.job import prepare
+
+    real = prepare.shutil.which
+    path = "/usr/bin/numactl" if installed else None
+    monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+
+
+def test_bind_cores_without_numactl_is_refused_before_anything_is_read_or_written(tmp_path, monkeypatch):
+    numactl_installed(monkeypatch, False)
+    with pytest.raises(UserInputError, match=r"^--bind-cores needs numactl"):
+        prepare_run(demo_settings(bind_cores=True, data=str(tmp_path / "not-there.jsonl")))  # before the data
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_run_says_once_how_the_ranks_are_bound(monkeypatch):
+    s = demo_settings(dry_run=True, zero_stage="2", offload_optimizer="cpu")
+    for installed, said in ((True, "binding each rank to its share of the cores"), (False, "installing numactl")):
+        numactl_installed(monkeypatch, installed)
+        notes: list = []
+        run = train.prepare_run(build_plan(s), s, user=None, launcher_args=(), warn=notes.append)
+        assert [note for note in notes if "numactl" in note] == [next(n for n in notes if said in n)]
+        assert ("--bind_cores_to_rank" in run.command) is installed

@@ -68,7 +68,9 @@ def test_the_plan_ranks_by_the_calibrated_step_and_shows_both(llama7b):
     t = zero2.timing
     assert t.calibrated_step_seconds == pytest.approx(t.passes_seconds + 3 * t.update_seconds)
     assert t.step_seconds == next(c for c in first.candidates if c.strategy == zero2.strategy).timing.step_seconds
-    assert plan.chosen.strategy.label == "ZeRO-3 + opt->cpu"  # uncalibrated, now predicted faster
+    # uncalibrated ZeRO-3 with the optimizer offloaded (all of it, or all but the share the GPU has room for) is now
+    # predicted faster
+    assert plan.chosen.strategy.label.startswith("ZeRO-3 + opt->cpu")
     assert any(r.startswith("calibrated by finished runs") and "ZeRO-2 + opt->cpu" in r for r in plan.reasons)
     estimates = json.loads(json.dumps(zero2.to_json()))["estimates"]
     assert estimates["step_seconds"] == t.step_seconds  # first principles, beside

@@ -1,0 +1,57 @@
+"""DeepSpeed's newer offload modes, trained for real on the CPU accelerator: a partial optimizer offload
+(Twin-Flow, offload_optimizer.ratio) and 16-bit optimizer states with CPU offload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.inspection.model import inspect_model
+from launcher.plan import memory
+from launcher.plan.capacity import partial_offload_sub_group_size
+from tests.e2e.conftest import check_run, read_metrics, run_launch
+
+pytestmark = pytest.mark.e2e
+
+
+def test_partial_optimizer_offload_trains_checkpoints_and_resumes(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    args = ("--zero-stage", "3", "--offload-optimizer", "cpu", "--offload-param", "none", "--offload-ratio", "0.5")
+    run_launch(tiny_model, tiny_data, out, *args, "--steps", "6", "--save-every", "3")
+    ds_config = json.loads((out / "ds_config.json").read_text())
+    zero = ds_config["zero_optimization"]
+    assert zero["offload_optimizer"]["ratio"] == 0.5
+    run = json.loads((out / "run.json").read_text())
+    # DeepSpeed built as many sub-groups as the plan counted, and keeps half of them on the device
+    model = inspect_model(str(tiny_model))
+    assert zero["sub_group_size"] == partial_offload_sub_group_size(model.params, 1)
+    shape = memory.ModelShape(model.params, model.largest_param_numel, 0, 0, 0, 0, 0, model.param_numels)
+    groups = memory.stage3_subgroups(shape, 1, zero["sub_group_size"])
+    assert run["optimizer_subgroups"] == {"device": len(groups) // 2, "cpu": len(groups) - len(groups) // 2}
+    assert len(groups) >= 10
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"]["offload_ratio"] == 0.5 and plan["strategy"]["label"] == "ZeRO-3 + opt->cpu 50%"
+
+    resumed = run_launch(tiny_model, tiny_data, out, *args, "--steps", "9", "--save-every", "3")
+    assert "resumed from step6 (step 6)" in resumed.stderr
+    check_run(out, 9, stage=3, offload_optimizer="cpu", offload_param="none")
+    assert [m["step"] for m in read_metrics(out)] == list(range(1, 10))
+
+
+def test_bf16_optimizer_states_train_with_half_the_state_bytes(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        *("--zero-stage", "2", "--offload-optimizer", "cpu", "--optimizer-states", "bf16", "--steps", "8"),
+    )
+    run = check_run(out, 8, stage=2, offload_optimizer="cpu", offload_param="none")
+    assert run["optimizer_states_dtype"] == "bfloat16"  # DeepSpeed's master weights and moments really are bf16
+    bf16 = json.loads((out / "ds_config.json").read_text())["bf16"]
+    assert bf16 == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    plan = json.loads((out / "plan.json").read_text())
+    cpu_terms = plan["memory"]["cpu_terms"]
+    assert cpu_terms["bf16 optimizer states"] == 6 * plan["model"]["params"]  # master, m, v: 2 B each
+    assert plan["strategy"]["optimizer_states"] == "bf16"
