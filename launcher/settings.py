@@ -155,6 +155,21 @@ class Settings:
         group=Group.PLAN,
         choices=OPTIMIZER_STATES,
     )
+    zenflow: bool = setting(
+        False,
+        "Stall-free offloading (DeepSpeed ZenFlow, DeepSpeed >= 0.18.0, optimizer on the CPU): the top 10 % of "
+        "gradient columns by importance update on the GPU every step, the rest accumulate and update on the CPU, "
+        "asynchronously, every --zenflow-interval steps. It changes when parameters are updated, so it is opt-in.",
+        group=Group.PLAN,
+    )
+    zenflow_interval: int = setting(
+        4,
+        "With --zenflow: steps between the CPU's updates of the other gradients (ZenFlow's update_interval; it "
+        "reselects the important columns as often).",
+        group=Group.PLAN,
+        minimum=1,
+        metavar="N",
+    )
     # --- plan: the workload
     seq_len: int | None = setting(
         None, "Tokens per sequence [default: model maximum, at most 2048].", group=Group.PLAN, minimum=1
@@ -402,6 +417,24 @@ def _bf16_states_need_offload(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _zenflow_needs_cpu_offload(values: Mapping[str, object]) -> str | None:
+    """ZenFlow steps the optimizer with ZenFlowCPUAdam beside the offloaded states (engine.py
+    `get_optimizer_configuration`), and replaces gradient accumulation with its update interval
+    (zenflow/engine.py `configure_zenflow` sets gradient_accumulation_steps = update_interval)."""
+    if not values.get("zenflow"):
+        return None
+    if values.get("offload_optimizer") in ("none", "nvme"):
+        return "--zenflow needs the optimizer on the CPU: --offload-optimizer cpu (or auto)"
+    if (values.get("grad_accum") or 1) > 1:
+        return (
+            f"--zenflow replaces gradient accumulation with its own interval: drop --grad-accum "
+            f"{values['grad_accum']} (--zenflow-interval sets how often the CPU updates)"
+        )
+    if values.get("offload_ratio") is not None and values["offload_ratio"] < 1:
+        return "--zenflow and a partial --offload-ratio exclude each other here: drop one"
+    return None
+
+
 def _model_given(values: Mapping[str, object]) -> str | None:
     if "model" in values and values["model"] is None:
         return "missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)"
@@ -435,6 +468,7 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _offload_ratio_range,
     _partial_offload_needs_zero3_cpu,
     _bf16_states_need_offload,
+    _zenflow_needs_cpu_offload,
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,

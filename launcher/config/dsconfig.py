@@ -13,6 +13,7 @@ from pathlib import Path
 
 from launcher.deepspeed_logging import import_deepspeed
 from launcher.errors import OffloadLaunchError
+from launcher.plan import memory
 from launcher.plan.planner import Plan
 from launcher.resources import resource_path
 
@@ -75,6 +76,22 @@ def uses_torch_adam(plan: Plan) -> bool:
     return plan.chosen.strategy.offload_optimizer == "none"
 
 
+def zenflow_section(interval: int) -> dict:
+    """zero_optimization.zenflow (memory.py [ZenFlow]): DeepSpeed's topk_ratio; the important columns reselected
+    by step count as often as the host updates (`select_strategy` "auto" would reselect per epoch of a
+    training_dataloader, which this trainer does not hand DeepSpeed: never), which satisfies configure_zenflow's
+    select_interval >= update_interval; the host's update overlapped with the next steps (overlap_step); no
+    warm-up rounds of full updates."""
+    return {
+        "topk_ratio": memory.ZENFLOW_TOPK_RATIO,
+        "select_strategy": "step",
+        "select_interval": interval,
+        "update_interval": interval,
+        "overlap_step": True,
+        "full_warm_up_rounds": 0,
+    }
+
+
 def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
     """zero_optimization's computed values: the planned buckets, and where each offloaded part lives."""
     strategy, buckets = plan.chosen.strategy, plan.chosen.buckets
@@ -95,6 +112,8 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
         if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (memory.py [Twin-Flow])
             offload["ratio"] = strategy.offload_ratio
         zero["offload_optimizer"] = offload
+    if strategy.zenflow_interval:
+        zero["zenflow"] = zenflow_section(strategy.zenflow_interval)
     if strategy.offload_param != "none":
         offload = {"pin_memory": plan.pin_memory}
         if strategy.offload_param == "nvme":

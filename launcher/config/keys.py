@@ -200,7 +200,11 @@ def strategy_of(config: dict) -> Strategy:
         ratio = 1.0  # DeepSpeed's default; it splits only a ZeRO-3 CPU offload (memory.py [Twin-Flow])
     bf16 = _dict(_get(config, "bf16"))
     states = "bf16" if optimizer == "cpu" and bf16.get("bf16_optimizer_states") is True else "fp32"
-    return Strategy(stage, optimizer, param, float(ratio), states)
+    zenflow = _dict(zero.get("zenflow"))
+    interval = _int(zenflow.get("update_interval")) if zenflow and optimizer == "cpu" else None
+    # ZenFlow's "auto" update interval adapts at run time: counted as DeepSpeed's 4-step example
+    interval = (interval or 4) if zenflow and optimizer == "cpu" else 0
+    return Strategy(stage, optimizer, param, float(ratio), states, interval)
 
 
 # ------------------------------------------------------------------------------------------ sizes

@@ -112,6 +112,12 @@ def pins_from_config(config: dict) -> dict:
             pins["precision"] = precision
     if _dict(config.get("bf16")).get("bf16_optimizer_states") is True:
         pins["optimizer_states"] = "bf16"  # memory.py [DS-bf16s]
+    zenflow = _dict(zero.get("zenflow"))
+    if zenflow:  # memory.py [ZenFlow]; an "auto" interval pins ZenFlow but not the interval
+        pins["zenflow"] = True
+        interval = _int(zenflow.get("update_interval"))
+        if interval and interval > 0:
+            pins["zenflow_interval"] = interval
     return pins
 
 

@@ -79,6 +79,8 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
         features.require("offload_ratio", deepspeed, "--offload-ratio")
     if asked.optimizer_states == "bf16":
         features.require("bf16_optimizer_states", deepspeed, "--optimizer-states bf16")
+    if asked.zenflow:
+        features.require("zenflow", deepspeed, "--zenflow")
     plan = make_plan(
         model, host, asked, rates, aio, alloc_conf(host, settings), calibration, deepspeed_version=deepspeed
     )

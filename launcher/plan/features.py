@@ -13,6 +13,9 @@ from launcher.errors import UserInputError
 MINIMUM: dict[str, tuple[tuple[int, int, int], str]] = {
     # Twin-Flow: offload_optimizer.ratio (PR 4636, merged 2023-11-06, first released in 0.12.4)
     "offload_ratio": ((0, 12, 4), "partial optimizer offload (offload_optimizer.ratio)"),
+    # ZenFlow: stage 1/2 in PR 7391 (2025-07), stage 3 in PR 7516 (2025-09): taken from 0.18.0, the first release
+    # with both
+    "zenflow": ((0, 18, 0), "ZenFlow (zero_optimization.zenflow)"),
     # bf16_optimizer_states together with offload_optimizer (PR 8010, 2026-05; 0.19.1)
     "bf16_optimizer_states": ((0, 19, 1), "16-bit optimizer states with CPU offload"),
 }

@@ -291,6 +291,18 @@ def make_plan(
             f"calibrated by finished runs on this host (their measured / predicted phases): {', '.join(calibrated)}; "
             "the other candidates are first-principles predictions"
         )
+    if chosen is not None and chosen.strategy.zenflow_interval:
+        plain = estimate_candidate(
+            model,
+            host,
+            replace(workload, zenflow=False),
+            replace(chosen.strategy, zenflow_interval=0),
+            rates,
+            world,
+            ranks,
+            alloc_conf=alloc_conf,
+        )
+        reasons.append(zenflow_reason(chosen, plain))
     hint = None
     if features.supports("bf16_optimizer_states", deepspeed_version):
         hint = states_hint(model, host, workload, chosen, rates, world, ranks, alloc_conf)
@@ -372,6 +384,8 @@ def partial_offload_candidate(
     fits, when the optimizer or the stage are pinned elsewhere, and on the CPU accelerator unless pinned: there
     DeepSpeed steps the "GPU" share on the CPU too, nothing to gain."""
     pinned = workload.offload_ratio
+    if workload.zenflow:  # ZenFlow with a split optimizer is not a combination DeepSpeed documents: not proposed
+        return None
     if pinned is not None:
         strategies = [Strategy(3, "cpu", offload_ratio=pinned)] if pinned < 1 else []
     elif host.has_gpu:
@@ -487,6 +501,19 @@ def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
         if k not in ("process baseline", "model load peak (transient)", "device memory (CPU accelerator)")
     )
     return per_node // ranks
+
+
+def zenflow_reason(chosen: Candidate, plain: Candidate) -> str:
+    """What ZenFlow ([ZenFlow] in memory.py and timing.py) buys and costs, against the same strategy without it."""
+    interval = chosen.strategy.zenflow_interval
+    return (
+        f"ZenFlow (asked for): {memory.ZENFLOW_TOPK_RATIO:.0%} of the gradient columns update on the device every "
+        f"step, the rest on the CPU every {interval} steps in its own process, behind the next steps' passes: "
+        f"{chosen.timing.expected_seconds:.3g} s/step against {plain.timing.expected_seconds:.3g} without it, for "
+        f"{fmt_bytes(chosen.memory.cpu_bytes - plain.memory.cpu_bytes)} more CPU RAM per node (double-buffered "
+        "moments, a stale copy, overlap gradients) and parameters updated from gradients up to "
+        f"{interval} steps old"
+    )
 
 
 def partial_offload_reason(chosen: Candidate, candidates, has_gpu: bool) -> str:

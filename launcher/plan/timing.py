@@ -66,6 +66,14 @@ Sources:
               another (stage3.py `step` -> `_optimizer_step`), so the update costs both in proportion to their shares;
               only the CPU's share crosses PCIe back as updated 16-bit weights and runs DeepSpeed's host copies. The
               16-bit gradients still go down whole (`grad_partitions_flat_buffer` is on the CPU either way).
+  [ZenFlow]   (memory.py [ZenFlow]) The device updates the selected top-k share of the parameters every step, at the
+              device optimizer's rate; the host updates the rest once per update_interval U steps in its own process,
+              asynchronously, while the next U steps' passes compute: only the part of that update (CPU-Adam, its host
+              copies, the weights' upload) that outlasts U passes stalls, spread over the U steps. On the CPU
+              accelerator the optimizer process takes cores from the passes (ZenFlow's pt_reserved_cores_perc splits
+              them), so nothing is hidden: its update is charged in full, spread over the U steps. This follows the
+              design (Lan et al. 2025, "ZenFlow: Enabling Stall-Free Offloading Training via Asynchronous Updates");
+              the e2e test measures it here, no published GPU run is in tests/plan/published_runs.yaml yet.
   [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
               pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
               Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
@@ -78,7 +86,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, Strategy
+from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, ZENFLOW_TOPK_RATIO, Strategy
 
 # [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
@@ -399,6 +407,13 @@ def _nvme_parts(
     return fetched, (read, write)
 
 
+def zenflow_update_seconds(host_update: float, selective: float, passes: float, interval: int, has_gpu: bool) -> float:
+    """[ZenFlow] the update phase per step: the device's selective update, and the part of the host's update (once
+    per `interval` steps) that the next `interval` steps' passes do not hide, spread over them."""
+    hidden = interval * passes if has_gpu else 0.0
+    return selective + max(0.0, host_update - hidden) / interval
+
+
 def estimate_step(
     shape: Shape,
     strategy: Strategy,
@@ -455,6 +470,18 @@ def estimate_step(
     # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
     passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes
     update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
+    if strategy.zenflow_interval:
+        on_device = device_optimizer_seconds(params, world, rates) if has_gpu else None
+        selective = ZENFLOW_TOPK_RATIO * (
+            on_device if on_device is not None else cpu_adam_seconds(params, world, ranks_per_node, rates, True)
+        )
+        interval = strategy.zenflow_interval
+        t_adam, t_host_update, t_weights = (t / interval for t in (t_adam, t_host_update, t_weights))
+        moved = replace(moved, weights=moved.weights // interval)
+        update = zenflow_update_seconds(
+            interval * (t_adam + t_host_update + t_weights), selective, passes, interval, has_gpu
+        )
+        update += STEP_FIXED_SECONDS
     step = passes + update
     # what the step would cost with nothing offloaded: the passes, ZeRO's own cost, the engine's, the optimizer
     # where it would then run (on the GPU; the CPU accelerator's optimizer is on the CPU either way)

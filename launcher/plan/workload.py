@@ -28,6 +28,8 @@ class Workload:
     offload_param: str = DEFAULTS["offload_param"]
     offload_ratio: float | None = DEFAULTS["offload_ratio"]  # None: the plan chooses
     optimizer_states: str = DEFAULTS["optimizer_states"]  # "fp32" | "bf16" (memory.py [DS-bf16s])
+    zenflow: bool = DEFAULTS["zenflow"]  # memory.py [ZenFlow]
+    zenflow_interval: int = DEFAULTS["zenflow_interval"]
     nvme_path: str | None = DEFAULTS["nvme_path"]
     lr: float = DEFAULTS["lr"]
     warmup_steps: int = DEFAULTS["warmup_steps"]
@@ -39,12 +41,19 @@ class Workload:
     def __post_init__(self) -> None:
         settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
 
+    @property
+    def zenflow_steps(self) -> int:
+        """Strategy.zenflow_interval as this workload asks for it (0: no ZenFlow)."""
+        return self.zenflow_interval if self.zenflow else 0
+
     def shaped(self, strategy: Strategy) -> Strategy:
-        """`strategy` with this workload's optimizer-state precision where the optimizer is on the CPU (16-bit states
-        exist only there, memory.py [DS-bf16s])."""
-        if strategy.offload_optimizer == "cpu" and strategy.optimizer_states != self.optimizer_states:
-            return dataclasses.replace(strategy, optimizer_states=self.optimizer_states)
-        return strategy
+        """`strategy` with this workload's optimizer-state precision and ZenFlow where the optimizer is on the CPU
+        (both exist only there: memory.py [DS-bf16s], [ZenFlow])."""
+        if strategy.offload_optimizer != "cpu":
+            return strategy
+        return dataclasses.replace(
+            strategy, optimizer_states=self.optimizer_states, zenflow_interval=self.zenflow_steps
+        )
 
     def allows(self, strategy: Strategy) -> bool:
         """Whether `strategy` respects the pinned parts of the choice."""
@@ -60,7 +69,7 @@ class Workload:
             or (strategy.offload_optimizer == "nvme" and self.offload_ratio < 1)
         ):
             return False
-        if strategy.optimizer_states != self.optimizer_states:
+        if strategy.optimizer_states != self.optimizer_states or strategy.zenflow_interval != self.zenflow_steps:
             return False
         # ZeRO-1 with offload only when the user asked for stage 1: ZeRO-2 + offload dominates it.
         return not (strategy.zero_stage == 1 and strategy.offloads and self.zero_stage != "1")

@@ -5,11 +5,14 @@ import sys
 
 from launcher.rank.main import main
 
-code = main()
-# Every file is written (atomically) and the process group destroyed by now. Skip the interpreter's teardown:
-# gloo's worker threads can still hold tensors whose destructors need the GIL while finalization tears it down,
-# and the rank dies of SIGABRT ("terminate called without an active exception") after a run that succeeded;
-# a CI run of this suite hit it once after export (pytorch/pytorch#179291, #190489 describe the race).
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+# Guarded: ZenFlow's optimizer worker is a multiprocessing "spawn" child, which imports this module again as
+# __mp_main__; unguarded, it would start a second training rank.
+if __name__ == "__main__":
+    code = main()
+    # Every file is written (atomically) and the process group destroyed by now. Skip the interpreter's teardown:
+    # gloo's worker threads can still hold tensors whose destructors need the GIL while finalization tears it
+    # down, and the rank dies of SIGABRT ("terminate called without an active exception") after a run that
+    # succeeded; a CI run of this suite hit it once after export (pytorch/pytorch#179291, #190489 describe the race).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -5,6 +5,7 @@ Everything here but `Progress` is plain arithmetic and file writing: the trainer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import statistics
@@ -12,6 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import psutil
 
 from launcher.files import append_jsonl
 from launcher.job.spec import WARMUP_STEPS_EXCLUDED, RunSpec
@@ -29,7 +32,14 @@ RATIO_KEYS = (
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """This rank's peak resident set, plus what its live child processes hold now: ZenFlow's optimizer worker is
+    a child (deepspeed/runtime/zenflow/zenflow_utils.py `start_optimizer_process`) that holds Adam's state."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    children = 0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            children += child.memory_info().rss
+    return own + children
 
 
 def node_count(world: int, environ: Mapping[str, str]) -> int:

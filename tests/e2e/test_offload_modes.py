@@ -1,5 +1,5 @@
 """DeepSpeed's newer offload modes, trained for real on the CPU accelerator: a partial optimizer offload
-(Twin-Flow, offload_optimizer.ratio) and 16-bit optimizer states with CPU offload."""
+(Twin-Flow, offload_optimizer.ratio), 16-bit optimizer states with CPU offload, and ZenFlow."""
 
 from __future__ import annotations
 
@@ -55,3 +55,23 @@ def test_bf16_optimizer_states_train_with_half_the_state_bytes(tiny_model, tiny_
     cpu_terms = plan["memory"]["cpu_terms"]
     assert cpu_terms["bf16 optimizer states"] == 6 * plan["model"]["params"]  # master, m, v: 2 B each
     assert plan["strategy"]["optimizer_states"] == "bf16"
+
+
+def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data, tmp_path):
+    out = tmp_path / "run"
+    run_launch(
+        tiny_model,
+        tiny_data,
+        out,
+        *("--zero-stage", "2", "--offload-optimizer", "cpu", "--zenflow", "--zenflow-interval", "3", "--steps", "9"),
+    )
+    run = check_run(out, 9, stage=2, offload_optimizer="cpu", offload_param="none", optimizer="ZenFlowCPUAdam")
+    zenflow = json.loads((out / "ds_config.json").read_text())["zero_optimization"]["zenflow"]
+    assert zenflow["update_interval"] == zenflow["select_interval"] == 3
+    # the host's update runs every third step (the first one also starts ZenFlow's optimizer process); the other
+    # steps' update phases are only the device's selective update
+    updates = [m["update"] for m in read_metrics(out)]
+    boundaries, others = updates[2::3], [u for i, u in enumerate(updates) if i % 3 != 2]
+    assert min(boundaries[1:]) > 3 * max(others), updates
+    # the optimizer process's memory is measured (a child of the rank) and predicted (memory.py [ZenFlow])
+    assert 0.7 < run["ratios"]["cpu_bytes_per_node"] < 1.3, run["ratios"]

@@ -1,0 +1,171 @@
+"""16-bit optimizer states with CPU offload (memory.py [DS-bf16s]) and ZenFlow (memory.py / timing.py [ZenFlow]):
+what each costs and saves, the config written for it, and the features gate on the installed DeepSpeed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from launcher.config import dsconfig
+from launcher.config.keys import strategy_of
+from launcher.config.merge import pins_from_config
+from launcher.errors import UserInputError
+from launcher.inspection.hostspec import load_host_spec
+from launcher.inspection.model import inspect_model
+from launcher.plan import features, timing
+from launcher.plan.memory import Strategy
+from launcher.plan.planner import Workload, estimate_candidate, make_plan
+from tests.helpers import host_path
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return inspect_model("meta-llama/Llama-2-7b")
+
+
+def plan_for(model, name, **workload):
+    return make_plan(model, load_host_spec(host_path(name)), Workload(**workload))
+
+
+def candidate(model, name, strategy, **workload):
+    plan = plan_for(model, name, **workload)
+    return estimate_candidate(model, plan.host, plan.workload, strategy, plan.rates, 1, 1)
+
+
+# ------------------------------------------------------------------------------------------ bf16 states
+
+
+def test_bf16_states_hold_6_plus_2_bytes_per_param_on_the_cpu(llama7b):
+    fp32 = candidate(llama7b, "1x-rtx4090-24g-192g", Strategy(2, "cpu"))
+    bf16 = candidate(llama7b, "1x-rtx4090-24g-192g", Strategy(2, "cpu", optimizer_states="bf16"))
+    p = llama7b.params
+    assert fp32.memory.cpu_terms["fp32 optimizer states"] == 12 * p
+    assert bf16.memory.cpu_terms["bf16 optimizer states"] == 6 * p  # master, m, v: 2 B each
+    assert bf16.memory.cpu_terms["bf16 gradient partition"] == 2 * p
+    assert fp32.memory.cpu_bytes - bf16.memory.cpu_bytes >= 8 * p
+    assert bf16.memory.gpu_bytes_per_device == fp32.memory.gpu_bytes_per_device  # nothing changes on the GPU
+    # CPU-Adam streams half the bytes (timing [bf16-states]); measured here with DeepSpeedCPUAdam: 0.82 ns/param
+    # with bf16 states against 1.93 with fp32 ones
+    assert bf16.timing.cpu_adam_seconds_per_step == pytest.approx(fp32.timing.cpu_adam_seconds_per_step / 2)
+    assert bf16.timing.host_copy_seconds_per_step < fp32.timing.host_copy_seconds_per_step
+    assert bf16.strategy.label == "ZeRO-2 + opt->cpu (bf16 states)"
+
+
+def test_bf16_states_are_opt_in_and_the_plan_says_when_only_they_fit(llama7b):
+    plan = plan_for(llama7b, "1x-rtx4090-24g")  # 128 GB of RAM: fp32 states only fit on NVMe
+    assert plan.chosen.strategy.offload_optimizer == "nvme" and plan.chosen.strategy.optimizer_states == "fp32"
+    hint = next(r for r in plan.reasons if r.startswith("with --optimizer-states bf16"))
+    assert "ZeRO-2 + opt->cpu would fit" in hint and "x faster" in hint
+    assert plan.states_hint == hint
+    asked = plan_for(llama7b, "1x-rtx4090-24g", optimizer_states="bf16")
+    assert asked.chosen.strategy == Strategy(2, "cpu", optimizer_states="bf16")
+    assert all(c.strategy.optimizer_states == "bf16" for c in asked.candidates)
+    config = dsconfig.render(asked)
+    assert config["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    dsconfig.validate(config, 1)  # the JSON Schema and DeepSpeed's own models
+    assert strategy_of(config) == asked.chosen.strategy
+    assert pins_from_config(config)["optimizer_states"] == "bf16"
+    roomy = plan_for(llama7b, "1x-rtx4090-24g-192g")  # fp32 states fit in RAM: nothing to say
+    assert roomy.states_hint is None
+
+
+def test_nothing_fits_names_what_bf16_states_would_fit(llama7b):
+    from launcher.plan.build import does_not_fit
+
+    plan = plan_for(llama7b, "1x-rtx4090-24g", offload_optimizer="cpu")
+    assert plan.chosen is None
+    message = str(does_not_fit(plan))
+    assert "with --optimizer-states bf16" in message and "would fit in" in message
+
+
+@pytest.mark.parametrize(
+    ("workload", "message"),
+    [
+        (dict(optimizer_states="bf16", offload_optimizer="nvme"), "needs the optimizer on the CPU"),
+        (dict(optimizer_states="bf16", offload_optimizer="none"), "needs the optimizer on the CPU"),
+        (dict(optimizer_states="bf16", precision="fp16"), "needs bf16 training"),
+        (dict(zenflow=True, offload_optimizer="nvme"), "--zenflow needs the optimizer on the CPU"),
+        (dict(zenflow=True, grad_accum=4), "--zenflow replaces gradient accumulation"),
+        (dict(zenflow=True, offload_ratio=0.5), "exclude each other"),
+    ],
+)
+def test_modes_that_deepspeed_would_refuse_are_one_line(workload, message):
+    with pytest.raises(UserInputError, match=message):
+        Workload(**workload)
+
+
+def test_bf16_states_need_a_gpu_with_bf16(llama7b, write_host):
+    v100 = write_host('gpus: {count: 1, memory: 32GiB, name: V100, compute_capability: "7.0"}\ncpu_memory: 256GiB\n')
+    with pytest.raises(UserInputError, match="V100 has no bf16"):
+        make_plan(llama7b, load_host_spec(v100), Workload(optimizer_states="bf16"))
+
+
+# ------------------------------------------------------------------------------------------ ZenFlow
+
+
+def test_zenflow_hides_the_cpu_update_behind_the_next_steps_on_a_gpu(llama7b):
+    plain = candidate(llama7b, "1x-a100-80g", Strategy(2, "cpu"), seq_len=2048)
+    zen = candidate(llama7b, "1x-a100-80g", Strategy(2, "cpu", zenflow_interval=4), seq_len=2048)
+    assert zen.strategy.label == "ZeRO-2 + opt->cpu + ZenFlow/4"
+    # the host's update (CPU-Adam, copies, the upload) once per 4 steps, hidden behind 4 steps' passes
+    full_update = plain.timing.update_seconds - timing.STEP_FIXED_SECONDS
+    assert full_update < 4 * zen.timing.passes_seconds
+    selective = 0.1 * timing.device_optimizer_seconds(llama7b.params, 1, plan_for(llama7b, "1x-a100-80g").rates)
+    assert zen.timing.update_seconds == pytest.approx(selective + timing.STEP_FIXED_SECONDS)
+    assert zen.timing.step_seconds < 0.5 * plain.timing.step_seconds
+    # and what it costs: the optimizer process and its double-buffered moments, a stale copy, overlap gradients
+    extra = zen.memory.cpu_bytes - plain.memory.cpu_bytes
+    assert extra == pytest.approx(20 * llama7b.params + 2**29, rel=0.01)
+    assert zen.memory.gpu_terms["ZenFlow selective optimizer states"] == pytest.approx(0.1 * 10 * llama7b.params, 1e-6)
+
+
+def test_zenflow_on_the_cpu_accelerator_hides_nothing():
+    shape = timing.Shape(10**8, 10**8, layers=8, hidden=1024, param_tensors=80, seq_len=64, micro_batch=4)
+    rates = timing.Rates(1e11, 32e9, 3e8, 2e9, 1e9, {}, cpu_memory_bytes_per_s=2e10, cpu_cores=2)
+    args = dict(world=1, ranks_per_node=1, has_gpu=False)
+    plain = timing.estimate_step(shape, Strategy(2, "cpu"), rates, **args)
+    zen = timing.estimate_step(shape, Strategy(2, "cpu", zenflow_interval=4), rates, **args)
+    host_update = plain.update_seconds - timing.STEP_FIXED_SECONDS
+    selective = 0.1 * timing.cpu_adam_seconds(10**8, 1, 1, rates, torch_adam=True)
+    assert zen.update_seconds == pytest.approx(selective + host_update / 4 + timing.STEP_FIXED_SECONDS)
+
+
+def test_zenflow_config_satisfies_deepspeeds_rules(llama7b):
+    from deepspeed.runtime.zenflow.zenflow_config import ZenFlowConfig
+
+    plan = plan_for(llama7b, "1x-a100-80g", zenflow=True, zenflow_interval=8)
+    assert plan.chosen.strategy.zenflow_interval == 8
+    config = dsconfig.render(plan)
+    section = config["zero_optimization"]["zenflow"]
+    parsed = ZenFlowConfig(**section)  # DeepSpeed's own model
+    # zenflow/engine.py configure_zenflow: "Select interval must be greater or equal to update interval"
+    assert parsed.select_strategy == "step" and parsed.select_interval >= parsed.update_interval == 8
+    assert config["gradient_accumulation_steps"] == 1
+    dsconfig.validate(config, 1)
+    assert strategy_of(config) == plan.chosen.strategy
+    assert pins_from_config(config) | {"zenflow": True, "zenflow_interval": 8} == pins_from_config(config)
+    reason = next(r for r in plan.reasons if r.startswith("ZenFlow (asked for)"))
+    assert "more CPU RAM per node" in reason and "8 steps old" in reason
+
+
+# ------------------------------------------------------------------------------------------ features
+
+
+def test_modes_are_gated_on_the_installed_deepspeed(llama7b):
+    old = (0, 12, 0)  # before Twin-Flow, bf16 states with offload and ZenFlow
+    host = load_host_spec(host_path("1x-a100-80g"))
+    plan = make_plan(llama7b, host, Workload(), deepspeed_version=old)
+    assert not any(c.strategy.partial for c in plan.candidates)
+    small = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g")), Workload(), deepspeed_version=old)
+    assert small.states_hint is None
+    for feature, flag in (
+        ("offload_ratio", "--offload-ratio"),
+        ("bf16_optimizer_states", "--optimizer-states bf16"),
+        ("zenflow", "--zenflow"),
+    ):
+        with pytest.raises(UserInputError, match=f"{flag} needs DeepSpeed >= .* this one is 0.12.0"):
+            features.require(feature, old, flag)
+        features.require(feature, (0, 19, 8), flag)  # the tested release has all of them
+    assert features.parse_version("0.19.8+cu128") == (0, 19, 8) and features.parse_version("dev") is None
+    assert replace(plan.workload, zenflow=True).zenflow_steps == 4
