@@ -62,12 +62,6 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.torch = torch
         torch.manual_seed(spec.seed)
-        if self.ds_config.get("bf16", {}).get("bf16_optimizer_states"):
-            # 16-bit Adam moments start at zero and pass through denormal bf16 values, which x86 cores process
-            # far slower: measured on the CPU accelerator, step 6 of a tiny Llama ran at 234 tokens/s without
-            # flushing and 1,945 with it (1,244 with fp32 states). Flushing values below ~1e-38 to zero changes no
-            # printed loss.
-            torch.set_flush_denormal(True)
 
         self.tokenizer = self._load_tokenizer()
         self.blocks = self._load_data()
