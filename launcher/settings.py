@@ -430,8 +430,14 @@ def _zenflow_needs_cpu_offload(values: Mapping[str, object]) -> str | None:
             f"--zenflow replaces gradient accumulation with its own interval: drop --grad-accum "
             f"{values['grad_accum']} (--zenflow-interval sets how often the CPU updates)"
         )
+    # ZenFlowCPUAdam is not the exact DeepSpeedCPUAdam type that a split optimizer (stage3.py "Hybrid Optimizer
+    # Only Supports DeepSpeedCPUAdam") and bf16 master weights (base_optimizer.py `_configure_master_weights`) assert
     if values.get("offload_ratio") is not None and values["offload_ratio"] < 1:
-        return "--zenflow and a partial --offload-ratio exclude each other here: drop one"
+        return (
+            "--zenflow and a partial --offload-ratio exclude each other (DeepSpeed asserts DeepSpeedCPUAdam): drop one"
+        )
+    if values.get("optimizer_states") == "bf16":
+        return "--zenflow and --optimizer-states bf16 exclude each other (DeepSpeed asserts DeepSpeedCPUAdam): drop one"
     return None
 
 

@@ -27,7 +27,7 @@ from launcher.inspection.model import ModelProfile, inspect_model
 from launcher.inspection.rates import AIO_SWEEP
 from launcher.plan.capacity import usable_cpu_bytes, usable_gpu_bytes, usable_nvme_bytes
 from launcher.plan.memory import CPU_USABLE_FRACTION, GPU_USABLE_FRACTION
-from launcher.plan.planner import CANDIDATE_ORDER, Plan, Workload, make_plan
+from launcher.plan.planner import CANDIDATE_ORDER, Plan, Workload, estimate_candidate, make_plan
 from tests.helpers import HOSTS, save_config, tiny_llama_config
 
 pytestmark = pytest.mark.slow  # the property runs (hypothesis): `make test-fast` leaves them out, `make test` runs them
@@ -103,7 +103,7 @@ def llama_profile(
         vocab_size=vocab,
         max_position_embeddings=max_positions,
         layer_params=sum(n for name, n in named if name.startswith("model.layers.0.")),
-        param_numels=tuple(sorted((n for _, n in named), reverse=True)),
+        param_numels=tuple(n for _, n in named),  # in model.parameters() order
         tied_embeddings=tied,
         has_weights=False,
         input_embedding_numel=vocab * hidden,
@@ -272,7 +272,12 @@ def test_the_chosen_plan_fits_every_tier_it_uses(scenario):
     fastest predicted fitting candidate, the framework's order breaking ties; no choice means none fits."""
     model, host, workload = scenario
     plan = make_plan(model, host, workload)
-    assert [c.strategy for c in plan.candidates] == [s for s in CANDIDATE_ORDER if workload.allows(s)]
+    # the framework's strategies in its order, and at most one partial offload refining the full one (planner.py)
+    partial = [c.strategy for c in plan.candidates if c.strategy.partial]
+    assert len(partial) <= 1 and (not partial or workload.allows(partial[0]))
+    assert [c.strategy for c in plan.candidates if not c.strategy.partial] == [
+        s for s in map(workload.shaped, CANDIDATE_ORDER) if workload.allows(s)
+    ]
     fitting = [c for c in plan.candidates if c.fits]
     if plan.chosen is None:
         assert not fitting
@@ -314,8 +319,28 @@ def offload(plan: Plan) -> tuple[int, int]:
     return tier(plan.chosen.strategy.offload_optimizer), tier(plan.chosen.strategy.offload_param)
 
 
+def candidate_in(plan: Plan, strategy):
+    """`strategy`'s candidate in `plan`. A partial offload's share is chosen per plan (another plan may keep more
+    sub-groups on the GPU): one the plan did not list is sized and timed as the planner would."""
+    listed = [c for c in plan.candidates if c.strategy == strategy]
+    if listed:
+        return listed[0]
+    assert strategy.partial, strategy
+    world = plan.ranks_per_node * plan.host.nodes
+    return estimate_candidate(
+        plan.model,
+        plan.host,
+        plan.workload,
+        strategy,
+        plan.rates,
+        world,
+        plan.ranks_per_node,
+        alloc_conf=plan.alloc_conf,
+    )
+
+
 def still_fits(plan: Plan, strategy) -> bool:
-    return next(c for c in plan.candidates if c.strategy == strategy).fits
+    return candidate_in(plan, strategy).fits
 
 
 def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvme_bytes: bool = False) -> None:
@@ -444,11 +469,13 @@ def test_more_gpus_with_the_same_ram_only_ever_run_out_of_ram(scenario):
     workload = replace(workload, num_gpus=None)
     plans = [make_plan(model, replace(host, gpus=replace(host.gpus, count=n)), workload) for n in range(1, 9)]
     for fewer, more in pairwise(plans):
-        for before, after in zip(fewer.candidates, more.candidates, strict=True):
+        framework = [c.strategy for c in fewer.candidates if not c.strategy.partial]  # each plan has them all
+        for strategy in framework:
+            before, after = candidate_in(fewer, strategy), candidate_in(more, strategy)
             assert after.memory.gpu_bytes_per_device <= before.memory.gpu_bytes_per_device
             assert after.memory.nvme_bytes <= before.memory.nvme_bytes + more.ranks_per_node * 64
         if fewer.chosen is not None:
-            after = next(c for c in more.candidates if c.strategy == fewer.chosen.strategy)
+            after = candidate_in(more, fewer.chosen.strategy)
             assert all(p.startswith("CPU RAM needs") for p in after.problems), after.problems
 
 

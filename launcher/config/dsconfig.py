@@ -108,7 +108,12 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
     if strategy.offload_optimizer != "none":
         offload = {"pin_memory": plan.pin_memory}
         if strategy.offload_optimizer == "nvme":
-            offload |= {"nvme_path": nvme_path, "buffer_count": buckets.optimizer_buffer_count}
+            offload |= {
+                "nvme_path": nvme_path,
+                "buffer_count": buckets.optimizer_buffer_count,
+                "pipeline_read": buckets.pipeline,
+                "pipeline_write": buckets.pipeline,
+            }
         if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (memory.py [Twin-Flow])
             offload["ratio"] = strategy.offload_ratio
         zero["offload_optimizer"] = offload

@@ -200,10 +200,10 @@ def strategy_of(config: dict) -> Strategy:
         ratio = 1.0  # DeepSpeed's default; it splits only a ZeRO-3 CPU offload (memory.py [Twin-Flow])
     bf16 = _dict(_get(config, "bf16"))
     states = "bf16" if optimizer == "cpu" and bf16.get("bf16_optimizer_states") is True else "fp32"
-    zenflow = _dict(zero.get("zenflow"))
-    interval = _int(zenflow.get("update_interval")) if zenflow and optimizer == "cpu" else None
-    # ZenFlow's "auto" update interval adapts at run time: counted as DeepSpeed's 4-step example
-    interval = (interval or 4) if zenflow and optimizer == "cpu" else 0
+    zenflow = zero.get("zenflow")  # a section, even {}, turns ZenFlow on (DeepSpeedZeroConfig.zenflow is not None)
+    on = isinstance(zenflow, dict) and optimizer == "cpu"
+    # ZenFlow's "auto" update interval adapts at run time: counted as the 4 steps the tool writes by default
+    interval = (_int(zenflow.get("update_interval")) or 4) if on else 0
     return Strategy(stage, optimizer, param, float(ratio), states, interval)
 
 
@@ -264,6 +264,7 @@ def config_buckets(config: dict, plan: Plan, strategy: Strategy, world: int, ran
         max_reuse_distance=_pick(
             zero, ("stage3_max_reuse_distance", "max_reuse_distance"), zero_model, planned.max_reuse_distance
         ),
+        pipeline=optimizer.get("pipeline_read") is True or optimizer.get("pipeline_write") is True,
         # DeepSpeedZeroConfig.overlap_comm_valid: unset means on for stage 3 only
         overlap_comm=overlap if isinstance(overlap, bool) else strategy.zero_stage == 3,
     )

@@ -14,8 +14,14 @@ from launcher.config.lint import Finding, lint
 from launcher.errors import UserInputError
 from launcher.plan.planner import Plan
 
+# Where "auto" is DeepSpeed's own value, not Hugging Face's placeholder: kept as the user wrote it.
+# ZenFlowConfig's select_strategy / select_interval / update_interval take "auto" (zenflow/zenflow_config.py).
+DEEPSPEED_AUTO_PATHS = ("zero_optimization.zenflow",)
+
 
 def _fill_auto(value: object, generated: object, path: str, missing: list[str]) -> object:
+    if path in DEEPSPEED_AUTO_PATHS:
+        return copy.deepcopy(value)
     if isinstance(value, dict):
         source = generated if isinstance(generated, dict) else {}
         return {
@@ -112,8 +118,8 @@ def pins_from_config(config: dict) -> dict:
             pins["precision"] = precision
     if _dict(config.get("bf16")).get("bf16_optimizer_states") is True:
         pins["optimizer_states"] = "bf16"  # memory.py [DS-bf16s]
-    zenflow = _dict(zero.get("zenflow"))
-    if zenflow:  # memory.py [ZenFlow]; an "auto" interval pins ZenFlow but not the interval
+    zenflow = zero.get("zenflow")
+    if isinstance(zenflow, dict):  # memory.py [ZenFlow] ({} turns it on); an "auto" interval does not pin one
         pins["zenflow"] = True
         interval = _int(zenflow.get("update_interval"))
         if interval and interval > 0:

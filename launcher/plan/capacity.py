@@ -16,6 +16,15 @@ from launcher.units import fmt_bytes
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
 DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
 OPTIMIZER_BUFFER_COUNT = 4  # FIELD-NOTES: >= number of Adam states (param, m, v, grad)
+# [DS-pipe] DeepSpeed's PipelinedOptimizerSwapper (swap_tensor/pipelined_optimizer_swapper.py
+# `_swap_in_optimizer_state`) takes num_tensors (fp32 param, m, v) + 1 (gradient) = 4 buffers per sub-group in
+# flight, asserting "ran out of swap buffers, try increasing 'buffer_count'": with pipeline_read and pipeline_write
+# the next sub-group is read and the previous written while the current one steps: 3 x 4 buffers.
+PIPELINED_BUFFER_COUNT = 3 * OPTIMIZER_BUFFER_COUNT
+# The smallest sub-group worth pipelining: 10 M fp32 elements make 40 MB per swap request, past the size where a
+# single NVMe drive's sequential bandwidth levels off (the probe's sweep writes 16-64 MB blocks); below it the
+# requests get too small and pipelining costs more buffers than it hides.
+MIN_SUB_GROUP = 10_000_000
 PARAM_BUFFER_COUNT = 5
 MAX_IN_CPU = 1_000_000_000
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/constants.py: swap partitions align to 1 KiB
@@ -75,13 +84,9 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
     (transformers integrations/deepspeed.py: reduce = h², prefetch = 0.9·h², persistence = 10·h)."""
     h = model.hidden_size
     sub_group = DEFAULT_SUB_GROUP_SIZE
+    buffer_count, pipeline = OPTIMIZER_BUFFER_COUNT, False
     if strategy.offload_optimizer == "nvme":
-        # Optimizer swap buffers pin (buffer_count + 1) x largest sub-group x 4 B per rank [DS-swap], and a
-        # sub-group can overshoot sub_group_size by one partition: cap the buffers at a tenth of the node's
-        # RAM, never below 10M elements.
-        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((OPTIMIZER_BUFFER_COUNT + 1) * 4)
-        overshoot = -(-model.largest_param_numel // world)
-        sub_group = int(min(DEFAULT_SUB_GROUP_SIZE, max(10_000_000, budget_numel - overshoot)))
+        sub_group, buffer_count, pipeline = nvme_optimizer_sizing(model, host, world, ranks)
     elif strategy.partial:
         sub_group = partial_offload_sub_group_size(model.params, world)
     return Buckets(
@@ -90,7 +95,8 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         prefetch_bucket_size=int(0.9 * h * h),
         param_persistence_threshold=10 * h,
         sub_group_size=sub_group,
-        optimizer_buffer_count=OPTIMIZER_BUFFER_COUNT,
+        optimizer_buffer_count=buffer_count,
+        pipeline=pipeline,
         param_buffer_count=PARAM_BUFFER_COUNT,
         param_buffer_size=max(DEFAULT_PARAM_BUFFER_SIZE, aligned_partition_numel(model.largest_param_numel, world)),
         max_in_cpu=MAX_IN_CPU,
@@ -99,6 +105,27 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
         max_live_parameters=memory.zero3_live_parameter_limit(model.layer_params),
         max_reuse_distance=memory.zero3_live_parameter_limit(model.layer_params),
     )
+
+
+def nvme_optimizer_sizing(model: ModelProfile, host: HostProfile, world: int, ranks: int) -> tuple[int, int, bool]:
+    """(sub_group_size, buffer_count, pipelined) for the optimizer on NVMe. The swap buffers pin (buffer_count + 1)
+    x the largest sub-group x 4 B per rank [DS-swap], and a sub-group can overshoot sub_group_size by one
+    partition; they get at most a tenth of the node's RAM. Pipelined ([DS-pipe]: the next sub-group read and the
+    previous written while one steps, timing [DS-pipe]) when that budget still gives sub-groups of MIN_SUB_GROUP
+    with PIPELINED_BUFFER_COUNT buffers and the partition has more than one of them; else DeepSpeed's serial
+    swapper with OPTIMIZER_BUFFER_COUNT buffers and sub-groups as large as the budget allows (fewer, larger
+    requests), never below MIN_SUB_GROUP nor above DeepSpeed's default."""
+    overshoot = -(-model.largest_param_numel // world)
+    partition = model.params // world
+
+    def largest(count: int) -> int:
+        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * memory.BYTES_FP32)
+        return int(min(DEFAULT_SUB_GROUP_SIZE, budget_numel - overshoot))
+
+    pipelined = largest(PIPELINED_BUFFER_COUNT)
+    if pipelined >= MIN_SUB_GROUP and partition > pipelined:
+        return pipelined, PIPELINED_BUFFER_COUNT, True
+    return max(MIN_SUB_GROUP, largest(OPTIMIZER_BUFFER_COUNT)), OPTIMIZER_BUFFER_COUNT, False
 
 
 def partial_offload_sub_group_size(params: int, world: int) -> int:

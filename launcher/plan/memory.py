@@ -229,6 +229,7 @@ class Buckets:
     param_buffer_size: int
     max_in_cpu: int
     overlap_comm: bool = True
+    pipeline: bool = False  # offload_optimizer.pipeline_read / pipeline_write (NVMe: capacity.nvme_optimizer_sizing)
     max_live_parameters: int = DS_MAX_LIVE_PARAMETERS  # stage3_max_live_parameters
     max_reuse_distance: int = DS_MAX_REUSE_DISTANCE  # stage3_max_reuse_distance
 

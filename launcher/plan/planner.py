@@ -223,6 +223,7 @@ def estimate_candidate(
         has_gpu=host.has_gpu,
         pinned=pinned,
         gpu_share=gpu_share,
+        pipelined_groups=-(-model.params // world // buckets.sub_group_size) if buckets.pipeline else 0,
     )
     step = calibrate(step, (calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
@@ -290,6 +291,13 @@ def make_plan(
         reasons.append(
             f"calibrated by finished runs on this host (their measured / predicted phases): {', '.join(calibrated)}; "
             "the other candidates are first-principles predictions"
+        )
+    if chosen is not None and "nvme" in (chosen.strategy.offload_optimizer, chosen.strategy.offload_param):
+        reasons.append(
+            f"aio {', '.join(f'{k} {v}' for k, v in sorted(aio.items()))}: the fastest of this host's probe sweep"
+            if aio
+            else "aio: DeepSpeed's block size and queue depth, a thread per core of the rank (no probe sweep of "
+            "this drive: `offload-launch probe --nvme-path DIR` measures one)"
         )
     if chosen is not None and chosen.strategy.zenflow_interval:
         plain = estimate_candidate(
@@ -516,6 +524,26 @@ def zenflow_reason(chosen: Candidate, plain: Candidate) -> str:
     )
 
 
+def nvme_tuning_reason(chosen: Candidate, host) -> str:
+    """The optimizer's NVMe swap settings and why (capacity.nvme_optimizer_sizing), in one line."""
+    buckets = chosen.buckets
+    swap = fmt_bytes(chosen.memory.cpu_terms.get("optimizer swap buffers (pinned)", 0))
+    if buckets.pipeline:
+        how = (
+            f"pipelined (pipeline_read/pipeline_write: the next sub-group read and the last written while one "
+            f"steps), {buckets.optimizer_buffer_count} swap buffers"
+        )
+    else:
+        how = (
+            f"not pipelined: a tenth of RAM holds {buckets.optimizer_buffer_count} swap buffers of large enough "
+            "sub-groups, or the partition is one sub-group"
+        )
+    return (
+        f"optimizer on NVMe: sub_group_size {buckets.sub_group_size:,}, {how} ({swap} pinned per node, at most a "
+        f"tenth of {fmt_bytes(host.cpu_memory_bytes)} RAM)"
+    )
+
+
 def partial_offload_reason(chosen: Candidate, candidates, has_gpu: bool) -> str:
     """Why a partial offload ([Twin-Flow]), in numbers: the share kept on the GPU and the step against the full
     offload's."""
@@ -571,6 +599,8 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
     )
     if chosen.strategy.partial:
         reasons.append(partial_offload_reason(chosen, candidates, host.has_gpu))
+    if chosen.strategy.offload_optimizer == "nvme":
+        reasons.append(nvme_tuning_reason(chosen, host))
     if chosen.strategy.offload_optimizer == "none" and host.has_gpu:
         reasons.append(
             "optimizer on the GPU: ds_config sets torch_adam with fused, so DeepSpeed uses torch's fused AdamW "

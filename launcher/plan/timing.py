@@ -66,6 +66,12 @@ Sources:
               another (stage3.py `step` -> `_optimizer_step`), so the update costs both in proportion to their shares;
               only the CPU's share crosses PCIe back as updated 16-bit weights and runs DeepSpeed's host copies. The
               16-bit gradients still go down whole (`grad_partitions_flat_buffer` is on the CPU either way).
+  [DS-pipe]   With offload_optimizer.pipeline_read / pipeline_write (capacity.nvme_optimizer_sizing) DeepSpeed's
+              PipelinedOptimizerSwapper reads sub-group i+1 and writes sub-group i-1 from their own aio handles while
+              sub-group i steps (stage3.py `_optimizer_states_and_gradient_swap_in` / `_swap_out`, with the async
+              swap ops): the swaps run beside CPU-Adam instead of before and after it, so the update costs the
+              longer of the two, plus the first read and the last write, which nothing hides (one sub-group of G
+              each: the swap time / G).
   [ZenFlow]   (memory.py [ZenFlow]) The device updates the selected top-k share of the parameters every step, at the
               device optimizer's rate; the host updates the rest once per update_interval U steps in its own process,
               asynchronously, while the next U steps' passes compute: only the part of that update (CPU-Adam, its host
@@ -424,11 +430,13 @@ def estimate_step(
     has_gpu: bool,
     pinned: bool = True,
     gpu_share: float = 0.0,
+    pipelined_groups: int = 0,
 ) -> StepEstimate:
     """Both phases of one optimizer step [seeds-O]. Passes: the compute, or the gradient copies it overlaps when
     they take longer, then the ZeRO-3 hooks and the parameter fetches (PCIe, NVMe), which wait. Update: CPU-Adam,
     DeepSpeed's host copies, the weights across PCIe, the optimizer's NVMe swap, the engine's fixed cost.
     `pinned`: whether the offloaded host buffers are page-locked (pin_memory), which sets the copy rate;
+    `pipelined_groups`: the optimizer's sub-groups per rank when its NVMe swaps are pipelined ([DS-pipe]; 0: serial);
     `gpu_share`: the optimizer's share a partial offload keeps on the GPU (memory.optimizer_gpu_share); 0 on the
     CPU accelerator, where that "device" is the CPU and DeepSpeed steps every sub-group with CPU-Adam (stage3.py
     `_optimizer_step`: cur_device == 'cpu')."""
@@ -470,6 +478,9 @@ def estimate_step(
     # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
     passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes
     update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
+    if pipelined_groups and t_nvme_update:  # [DS-pipe] the swaps beside CPU-Adam, but the first read and last write
+        on_host = t_adam + t_host_update
+        update += max(on_host, t_nvme_update) + t_nvme_update / pipelined_groups - on_host - t_nvme_update
     if strategy.zenflow_interval:
         on_device = device_optimizer_seconds(params, world, rates) if has_gpu else None
         selective = ZENFLOW_TOPK_RATIO * (

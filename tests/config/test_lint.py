@@ -311,7 +311,12 @@ def test_generated_configs_lint_clean(llama7b, host):
     assert len({c.strategy.zero_stage for c in fitting}) >= 1 and len(fitting) >= 3
     for candidate in fitting:
         config = dsconfig.render(replace(plan, chosen=candidate))
-        assert lint.lint(config, plan, plan.world_size) == [], candidate.strategy.label
+        findings = lint.lint(config, plan, plan.world_size)
+        if candidate is plan.chosen:
+            assert findings == [], candidate.strategy.label
+        else:  # the planner's runner-ups: a full optimizer offload may leave its partial offload's win unused
+            assert all(f.path == lint.OFFLOAD_OPTIMIZER and f.level == "warning" for f in findings), findings
+            assert not findings or (candidate.strategy.offload_optimizer == "cpu" and not candidate.strategy.partial)
 
 
 def test_generated_configs_lint_clean_with_nvme_and_on_the_cpu_accelerator(mixtral_plan, tiny_llama_dir):
@@ -321,11 +326,23 @@ def test_generated_configs_lint_clean_with_nvme_and_on_the_cpu_accelerator(mixtr
 
 
 def test_schema_if_then_rules_say_why(good):
-    good["zero_optimization"]["offload_optimizer"]["ratio"] = 0.5
+    good["zero_optimization"] |= {"stage": 3, "compute_grad_norm": False}
     finding = only(lint.lint(good, None, 1), "zero_optimization.stage")
-    assert finding.message == (
-        "Partial optimizer offload (offload_optimizer.ratio < 1) is only supported with ZeRO stage 3. (got 2)"
-    )
+    assert finding.message == "compute_grad_norm=false is supported only with ZeRO stage 1 or 2. (got 3)"
+
+
+def test_ported_schema_rules_are_the_schemas():
+    # lint reports these if/then rules itself (test_lint_offload_modes.py): a renamed rule must be ported again
+    def descriptions(node):
+        if isinstance(node, dict):
+            yield from ([node["description"]] if "if" in node and "description" in node else [])
+            for value in node.values():
+                yield from descriptions(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from descriptions(value)
+
+    assert lint.PORTED_SCHEMA_RULES.issubset(descriptions(dsconfig._schema_validator().schema))
 
 
 def test_deepspeed_parse_runs_last_and_only_on_an_otherwise_clean_config(good, plan7b, monkeypatch):
@@ -338,15 +355,17 @@ def test_deepspeed_parse_runs_last_and_only_on_an_otherwise_clean_config(good, p
     # "auto" is what the HF Trainer fills before DeepSpeed sees the config: DeepSpeed gets it without them
     assert "train_batch_size" not in seen[0] and "lr" not in seen[0]["optimizer"]["params"]
     assert seen[0]["train_micro_batch_size_per_gpu"] == 1
-    assert lint.lint(good, plan7b, 1, deepspeed=False) == []
+    assert errors(lint.lint(good, plan7b, 1, deepspeed=False)) == []  # plan7b's full offload: a warning, no error
     good["fp16"] = {"enabled": True}
-    assert len(lint.lint(good, plan7b, 1)) == 1 and len(seen) == 1  # not run when something else is wrong
+    assert len(errors(lint.lint(good, plan7b, 1))) == 1 and len(seen) == 1  # not run when something else is wrong
 
 
 def test_deepspeed_own_parse_becomes_a_finding(good):
-    good["zero_optimization"]["offload_optimizer"]["ratio"] = 0.5  # DeepSpeed asserts: partial offload is ZeRO-3
+    # DeepSpeedZeroConfig.compute_grad_norm_valid raises (the schema has the rule too; lint's own partial-offload
+    # and bf16 checks run before DeepSpeed's parse, test_lint_offload_modes.py)
+    good["zero_optimization"] |= {"stage": 3, "compute_grad_norm": False}
     [finding] = lint._deepspeed_findings(good)
-    assert finding.path == "" and "Partial offloading only supported for ZeRO Stage 3" in finding.message
+    assert finding.path == "" and "compute_grad_norm=false is supported only with ZeRO Stage 1 or 2" in finding.message
 
 
 def test_finding_reads_as_one_line():
@@ -391,6 +410,17 @@ REAL_KEYS = [
     "nebula",
     "tensorboard",
     "gradient_allreduce_op",
+    "ratio",
+    "super_offload",
+    "cpuadam_cores_perc",
+    "bf16_master_weights_and_grads",
+    "bf16_optimizer_states",
+    "zenflow",
+    "select_strategy",
+    "select_interval",
+    "update_interval",
+    "compute_grad_norm",
+    "overlap_comm",
     *BATCH_KEYS,
 ]
 scalars = st.one_of(
@@ -406,7 +436,28 @@ values = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=5), max_leaves=25
 )
 offload = st.fixed_dictionaries(
-    {}, optional={"device": st.sampled_from(["cpu", "nvme", "gpu", 3]), "nvme_path": values, "buffer_size": values}
+    {},
+    optional={
+        "device": st.sampled_from(["cpu", "nvme", "gpu", 3]),
+        "nvme_path": values,
+        "buffer_size": values,
+        "ratio": st.sampled_from([0, 0.5, 1, 1.5, -1, True, "0.5", None]),
+        "super_offload": st.sampled_from([True, False, "true"]),
+        "cpuadam_cores_perc": st.sampled_from([0, 0.5, 2, "x"]),
+    },
+)
+zenflow = st.one_of(
+    st.none(),
+    values,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "select_strategy": st.sampled_from(["auto", "step", "epoch", "x", 1]),
+            "select_interval": st.sampled_from(["auto", 0, 1, 4, -1, "x", True]),
+            "update_interval": st.sampled_from(["auto", 0, 1, 4, "x", 2.5]),
+            "offload": st.sampled_from([True, False, 1]),
+        },
+    ),
 )
 shaped = st.fixed_dictionaries(
     {},
@@ -419,8 +470,19 @@ shaped = st.fixed_dictionaries(
                 "offload_optimizer": offload,
                 "sub_group_size": values,
                 "overlap_comm": values,
+                "zenflow": zenflow,
+                "compute_grad_norm": st.sampled_from([True, False, "no"]),
             },
         ),
+        "bf16": st.fixed_dictionaries(
+            {},
+            optional={
+                "enabled": st.sampled_from([True, False, "auto", 1]),
+                "bf16_master_weights_and_grads": st.sampled_from([True, False, "yes"]),
+                "bf16_optimizer_states": st.sampled_from([True, False, None]),
+            },
+        ),
+        "optimizer": values,
         "aio": st.dictionaries(keys, values, max_size=3),
         "train_batch_size": values,
         "train_micro_batch_size_per_gpu": values,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -75,3 +76,51 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
     assert min(boundaries[1:]) > 3 * max(others), updates
     # the optimizer process's memory is measured (a child of the rank) and predicted (memory.py [ZenFlow])
     assert 0.7 < run["ratios"]["cpu_bytes_per_node"] < 1.3, run["ratios"]
+
+
+def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
+    """DeepSpeed's PipelinedOptimizerSwapper (capacity [DS-pipe]) on this accelerator: a user's config that pipelines
+    the swaps of several small sub-groups (the planner pipelines only sub-groups of 10 M elements or more, so its own
+    choice shows on large models: tests/plan/test_states_and_zenflow.py)."""
+    from launcher.inspection.host import aio_usable
+
+    if not aio_usable():
+        pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
+    from transformers import AutoConfig
+
+    # DeepSpeed swaps only sub-groups of MIN_AIO_BYTES (1 MiB) or more: a 3.3 M-parameter variant in ~300 k-element
+    # sub-groups (1.2 MB of fp32 each) swaps every one of them
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = AutoConfig.from_pretrained(model)
+    config.vocab_size, config.hidden_size, config.intermediate_size = 4096, 256, 512
+    config.save_pretrained(model)
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    config = tmp_path / "ds.json"
+    config.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {
+                    "stage": 3,
+                    "sub_group_size": 300_000,
+                    "offload_optimizer": {
+                        "device": "nvme",
+                        "nvme_path": str(nvme),
+                        "buffer_count": 12,
+                        "pipeline_read": True,
+                        "pipeline_write": True,
+                    },
+                },
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+            }
+        )
+    )
+    out = tmp_path / "run"
+    run_launch(model, tiny_data, out, "--ds-config", str(config), "--nvme-path", str(nvme), "--steps", "6")
+    run = check_run(out, 6, stage=3, offload_optimizer="nvme", offload_param="none")
+    offload = json.loads((out / "ds_config.json").read_text())["zero_optimization"]["offload_optimizer"]
+    assert offload["pipeline_read"] is offload["pipeline_write"] is True
+    assert run["optimizer_subgroups"]["cpu"] >= 4  # several sub-groups were swapped in turn
+    assert run["measured"]["nvme_bytes_per_node"] > 12 * 3_000_000  # the fp32 master, m and v really swapped

@@ -169,3 +169,40 @@ def test_modes_are_gated_on_the_installed_deepspeed(llama7b):
         features.require(feature, (0, 19, 8), flag)  # the tested release has all of them
     assert features.parse_version("0.19.8+cu128") == (0, 19, 8) and features.parse_version("dev") is None
     assert replace(plan.workload, zenflow=True).zenflow_steps == 4
+
+
+# ------------------------------------------------------------------------------------------ NVMe tuning
+
+
+def test_nvme_swaps_are_pipelined_where_ram_holds_the_buffers(llama7b, write_host):
+    from launcher.plan import capacity
+
+    plan = plan_for(llama7b, "1x-rtx4090-24g")  # 128 GiB of RAM: the optimizer goes to NVMe
+    buckets = plan.chosen.buckets
+    assert plan.chosen.strategy.offload_optimizer == "nvme" and buckets.pipeline
+    assert buckets.optimizer_buffer_count == capacity.PIPELINED_BUFFER_COUNT == 12
+    swap = plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"]
+    assert swap <= 0.1 * plan.host.cpu_memory_bytes and buckets.sub_group_size >= capacity.MIN_SUB_GROUP
+    reason = next(r for r in plan.reasons if r.startswith("optimizer on NVMe"))
+    assert "pipelined" in reason and f"{buckets.sub_group_size:,}" in reason
+    assert any(r.startswith("aio") for r in plan.reasons)
+    config = dsconfig.render(plan)
+    offload = config["zero_optimization"]["offload_optimizer"]
+    assert offload["pipeline_read"] is offload["pipeline_write"] is True and offload["buffer_count"] == 12
+    dsconfig.validate(config, 1)
+    # pipelined, the update pays the longer of CPU-Adam and the swaps and one sub-group's swap; serial, both
+    groups = -(-llama7b.params // buckets.sub_group_size)
+    shape = timing.Shape(llama7b.params, llama7b.compute_params, seq_len=2048)
+    args = dict(world=1, ranks_per_node=1, has_gpu=True)
+    serial = timing.estimate_step(shape, plan.chosen.strategy, plan.rates, **args)
+    piped = timing.estimate_step(shape, plan.chosen.strategy, plan.rates, **args, pipelined_groups=groups)
+    on_host = serial.cpu_adam_seconds_per_step + serial.host_copy_seconds_per_step
+    swaps = serial.nvme_seconds_per_step
+    assert groups > 1 and serial.update_seconds - piped.update_seconds == pytest.approx(
+        on_host + swaps - max(on_host, swaps) - swaps / groups
+    )
+    # little RAM: the buffers of 12 sub-groups of 10 M elements do not fit a tenth of it, the swapper stays serial
+    text = "gpus: {count: 1, memory: 24GiB}\ncpu_memory: 32GiB\nnvme: {path: /nvme, free: 2TiB}\n"
+    small = make_plan(llama7b, load_host_spec(write_host(text)), Workload())
+    assert small.chosen is not None and small.chosen.strategy.offload_optimizer == "nvme"
+    assert not small.chosen.buckets.pipeline and small.chosen.buckets.optimizer_buffer_count == 4
