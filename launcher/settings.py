@@ -170,6 +170,14 @@ class Settings:
         minimum=1,
         metavar="N",
     )
+    offload_activations: str = setting(
+        "auto",
+        "Pin where the checkpointed activations wait for the backward: cpu keeps them in pinned CPU memory "
+        "(torch.autograd.graph.save_on_cpu), copied over PCIe both ways [default: cpu only when the GPU has no room "
+        "for them].",
+        group=Group.PLAN,
+        choices=("auto", "none", "cpu"),
+    )
     # --- plan: the workload
     seq_len: int | None = setting(
         None, "Tokens per sequence [default: model maximum, at most 2048].", group=Group.PLAN, minimum=1
@@ -441,6 +449,14 @@ def _zenflow_needs_cpu_offload(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _activation_offload_needs_checkpointing(values: Mapping[str, object]) -> str | None:
+    """Offloaded activations are the checkpointed layer inputs (memory.py [act-offload]): without recomputation every
+    layer's activations would cross PCIe twice, which the plan does not propose."""
+    if values.get("offload_activations") == "cpu" and values.get("activation_checkpointing") is False:
+        return "--offload-activations cpu keeps the checkpointed activations: drop --no-activation-checkpointing"
+    return None
+
+
 def _model_given(values: Mapping[str, object]) -> str | None:
     if "model" in values and values["model"] is None:
         return "missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)"
@@ -475,6 +491,7 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _partial_offload_needs_zero3_cpu,
     _bf16_states_need_offload,
     _zenflow_needs_cpu_offload,
+    _activation_offload_needs_checkpointing,
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,

@@ -223,6 +223,7 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> Run
         resume=settings.resume,
         trust_remote_code=settings.trust_remote_code,
         activation_checkpointing=plan.workload.activation_checkpointing,
+        offload_activations=plan.chosen.strategy.offload_activations == "cpu",
         nvme_swap_dir=swap,
         predicted={
             "step_seconds": plan.chosen.timing.step_seconds,

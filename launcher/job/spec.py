@@ -32,6 +32,7 @@ class RunSpec:
     resume: bool = True
     trust_remote_code: bool = False
     activation_checkpointing: bool = True
+    offload_activations: bool = False  # the saved activations in CPU memory (torch.autograd.graph.save_on_cpu)
     nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
     smoke: bool = False  # run the smoke checks (launcher/rank/smoke_checks.py) instead of a training run
     smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts

@@ -67,6 +67,14 @@ Sources:
             place of CPU-Adam's 8) beside a stale copy of the parameters and two overlap gradient buffers (fp32,
             4 + 4 + 4 B/param). Measured on the CPU accelerator (16.7 M parameters, one rank): 1,715 MiB with
             ZenFlow against 910 MiB without, i.e. a process baseline and ~22 B/param more; counted: 0.5 GiB + 20 B.
+  [act-offload] torch.autograd.graph.save_on_cpu(pin_memory=True) (torch/autograd/graph.py): every tensor autograd
+            saves in the forward is copied into a new pinned CPU tensor (`pack_to_cpu`: torch.empty(..., pin_memory)
+            + copy_) and copied back in the backward (`unpack_from_cpu`: .to(device, non_blocking)). With activation
+            checkpointing the saved tensors are each layer's input (2·s·b·h B), the final norm's and the head's inputs
+            and the fp32 logits the loss keeps (4·s·b·V B); the layer being recomputed is on the GPU as before. Each
+            is its own pinned allocation, rounded by torch's caching host allocator [torch-host]. DeepSpeed's own
+            answer is activation_checkpointing.cpu_checkpointing with its checkpointing API, which HF models do not
+            call; its ZeRO-Offload tutorial fits GPT-2 10B with batch 10 on one 32 GB V100 that way.
   [DS-live] DeepSpeed partitioned_param_coordinator.py: `fetch_sub_module` gathers the current module's
             params unconditionally, then prefetches `min(max_n_available_params - n_available_params,
             prefetch_bucket_sz)` elements (the loop overshoots by one param); `__params_to_release` keeps every
@@ -164,6 +172,7 @@ class Strategy:
     optimizer_states: str = "fp32"
     # [ZenFlow] steps between the CPU's updates (ZenFlow's update_interval); 0: no ZenFlow
     zenflow_interval: int = 0
+    offload_activations: str = "none"  # [act-offload] "none" | "cpu": the checkpointed activations in pinned CPU RAM
 
     @property
     def state_bytes(self) -> int:
@@ -194,6 +203,8 @@ class Strategy:
             parts.append(f"param->{self.offload_param}")
         if self.zenflow_interval:
             parts.append(f"ZenFlow/{self.zenflow_interval}")
+        if self.offload_activations != "none":
+            parts.append(f"act->{self.offload_activations}")
         label = " + ".join(parts)
         return label + " (bf16 states)" if self.optimizer_states == "bf16" else label
 
@@ -212,6 +223,8 @@ class Strategy:
             out["optimizer_states"] = self.optimizer_states
         if self.zenflow_interval:
             out["zenflow_interval"] = self.zenflow_interval
+        if self.offload_activations != "none":
+            out["offload_activations"] = self.offload_activations
         return out
 
 
@@ -346,6 +359,13 @@ def activation_bytes(seq_len: int, micro_batch: int, hidden: int, layers: int, c
     if not checkpointing:
         return per_layer * layers
     return BYTES_16BIT * seq_len * micro_batch * hidden * layers + per_layer
+
+
+def offloaded_activation_numels(seq_len: int, micro_batch: int, hidden: int, layers: int, vocab: int) -> list[int]:
+    """[act-offload] the bytes of each tensor save_on_cpu moves per micro-batch: L + 2 16-bit hidden states (each
+    layer's input, the final norm's, the head's) and the fp32 logits."""
+    tokens = seq_len * micro_batch
+    return [BYTES_16BIT * tokens * hidden] * (layers + 2) + [BYTES_FP32 * tokens * vocab]
 
 
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int) -> int:
@@ -622,6 +642,14 @@ def estimate(
         gpu["persistent small params"] = persistent_param_bytes(shape.persistent_params)
     gpu["activations"] = activation_bytes(seq_len, micro_batch, shape.hidden_size, shape.num_layers, checkpointing)
     gpu["logits"] = logits_bytes(seq_len, micro_batch, shape.vocab_size)
+    if strategy.offload_activations == "cpu" and checkpointing:
+        # [act-offload] the layer inputs wait in pinned CPU RAM; the one being recomputed is back on the GPU
+        hidden_state = BYTES_16BIT * seq_len * micro_batch * shape.hidden_size
+        gpu["activations"] -= hidden_state * (shape.num_layers - 1)
+        saved = offloaded_activation_numels(seq_len, micro_batch, shape.hidden_size, shape.num_layers, shape.vocab_size)
+        cpu_per_rank["offloaded activations (pinned)"] = sum(
+            pinned_bytes(b, pinned_round_limit) if has_gpu else b for b in saved
+        )
     if has_gpu:
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES
 

@@ -174,6 +174,7 @@ def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> 
         micro_batch=micro_batch,
         grad_accum=grad_accum,
         recompute=workload.activation_checkpointing,
+        vocab=model.vocab_size,
     )
 
 
@@ -275,6 +276,10 @@ def make_plan(
     if partial is not None:  # in the framework's order: before the full ZeRO-3 optimizer offload it refines
         full = [i for i, c in enumerate(candidates) if c.strategy == workload.shaped(FULL_OFFLOAD)]
         candidates.insert(full[0] if full else len(candidates), partial)
+    for index, variant in reversed(
+        activation_offload_variants(model, host, workload, candidates, rates, world, ranks, alloc_conf, calibration)
+    ):
+        candidates.insert(index + 1, variant)  # right after the candidate it rescues
     fitting = [c for c in candidates if c.fits]
     ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
     chosen = ranked[0] if ranked else None
@@ -339,6 +344,34 @@ def make_plan(
         alloc_conf,
         hint,
     )
+
+
+def activation_offload_variants(
+    model, host, workload: Workload, candidates, rates, world, ranks, alloc_conf=None, calibration=None
+) -> list[tuple[int, Candidate]]:
+    """[act-offload] (memory.py) (index, the same strategy with its checkpointed activations in CPU memory) for each
+    candidate that misses the GPU and only the GPU, where that variant fits: what the activations cost is then
+    PCIe time, not the next offload tier. Only with activation checkpointing, on a GPU, unless pinned either way."""
+    if workload.offload_activations != "auto" or not workload.activation_checkpointing or not host.has_gpu:
+        return []
+    variants = []
+    for index, candidate in enumerate(candidates):
+        if candidate.fits or not all(p.startswith("GPU needs") for p in candidate.problems):
+            continue
+        variant = estimate_candidate(
+            model,
+            host,
+            workload,
+            replace(candidate.strategy, offload_activations="cpu"),
+            rates,
+            world,
+            ranks,
+            alloc_conf=alloc_conf,
+            calibration=calibration,
+        )
+        if variant.fits:
+            variants.append((index, variant))
+    return variants
 
 
 def states_hint(model, host, workload: Workload, chosen, rates, world, ranks, alloc_conf=None) -> str | None:

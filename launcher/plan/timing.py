@@ -80,6 +80,9 @@ Sources:
               them), so nothing is hidden: its update is charged in full, spread over the U steps. This follows the
               design (Lan et al. 2025, "ZenFlow: Enabling Stall-Free Offloading Training via Asynchronous Updates");
               the e2e test measures it here, no published GPU run is in tests/plan/published_runs.yaml yet.
+  [act-offload] With the activations offloaded (memory.py [act-offload]) each saved tensor goes to the host in the
+              forward, synchronously (`pack_to_cpu` copy_ into a pinned tensor), and comes back in the backward: twice
+              its bytes across PCIe per micro-batch, charged serially in the passes.
   [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
               pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
               Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
@@ -92,7 +95,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from launcher.plan.memory import BYTES_16BIT, BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM, ZENFLOW_TOPK_RATIO, Strategy
+from launcher.plan.memory import (
+    BYTES_16BIT,
+    BYTES_FP32,
+    OPTIMIZER_BYTES_PER_PARAM,
+    ZENFLOW_TOPK_RATIO,
+    Strategy,
+    offloaded_activation_numels,
+)
 
 # [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
@@ -211,6 +221,7 @@ class Shape:
     micro_batch: int = 1
     grad_accum: int = 1
     recompute: bool = False
+    vocab: int = 0  # the logits' width ([act-offload] moves the fp32 logits the loss keeps)
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -413,6 +424,18 @@ def _nvme_parts(
     return fetched, (read, write)
 
 
+def activation_copy_seconds(shape: Shape, strategy: Strategy, rates: Rates, has_gpu: bool, pinned: bool) -> float:
+    """[act-offload] the saved tensors down in the forward and up in the backward, every micro-batch; on the CPU
+    accelerator a host copy each way (read and write)."""
+    if strategy.offload_activations == "none" or not shape.recompute:
+        return 0.0
+    moved = 2 * sum(
+        offloaded_activation_numels(shape.seq_len, shape.micro_batch, shape.hidden, shape.layers, shape.vocab)
+    )
+    rate = rates.host_device_bytes_per_s(pinned) if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / 2
+    return moved * shape.grad_accum / rate if rate else 0.0
+
+
 def zenflow_update_seconds(host_update: float, selective: float, passes: float, interval: int, has_gpu: bool) -> float:
     """[ZenFlow] the update phase per step: the device's selective update, and the part of the host's update (once
     per `interval` steps) that the next `interval` steps' passes do not hide, spread over them."""
@@ -442,6 +465,7 @@ def estimate_step(
     `_optimizer_step`: cur_device == 'cpu')."""
     params, accum = shape.params, shape.grad_accum
     t_compute = compute_seconds(shape, rates)
+    t_activations = activation_copy_seconds(shape, strategy, rates, has_gpu, pinned)
     moved = transfers(params, strategy, world, accum)
     host_share = 1.0 - gpu_share  # [Twin-Flow] what CPU-Adam steps, and uploads after
     moved = replace(moved, weights=int(moved.weights * host_share))
@@ -476,7 +500,7 @@ def estimate_step(
     t_hooks = framework_seconds(shape, strategy, world, ranks_per_node, rates, has_gpu)
 
     # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
-    passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes
+    passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes + t_activations
     update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
     if pipelined_groups and t_nvme_update:  # [DS-pipe] the swaps beside CPU-Adam, but the first read and last write
         on_host = t_adam + t_host_update

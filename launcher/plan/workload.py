@@ -30,6 +30,7 @@ class Workload:
     optimizer_states: str = DEFAULTS["optimizer_states"]  # "fp32" | "bf16" (memory.py [DS-bf16s])
     zenflow: bool = DEFAULTS["zenflow"]  # memory.py [ZenFlow]
     zenflow_interval: int = DEFAULTS["zenflow_interval"]
+    offload_activations: str = DEFAULTS["offload_activations"]  # memory.py [act-offload]
     nvme_path: str | None = DEFAULTS["nvme_path"]
     lr: float = DEFAULTS["lr"]
     warmup_steps: int = DEFAULTS["warmup_steps"]
@@ -49,6 +50,8 @@ class Workload:
     def shaped(self, strategy: Strategy) -> Strategy:
         """`strategy` with this workload's optimizer-state precision and ZenFlow where the optimizer is on the CPU
         (both exist only there: memory.py [DS-bf16s], [ZenFlow])."""
+        if self.offload_activations == "cpu":  # pinned: every strategy keeps its activations on the CPU
+            strategy = dataclasses.replace(strategy, offload_activations="cpu")
         if strategy.offload_optimizer != "cpu":
             return strategy
         return dataclasses.replace(
@@ -70,6 +73,8 @@ class Workload:
         ):
             return False
         if strategy.optimizer_states != self.optimizer_states or strategy.zenflow_interval != self.zenflow_steps:
+            return False
+        if self.offload_activations != "auto" and strategy.offload_activations != self.offload_activations:
             return False
         # ZeRO-1 with offload only when the user asked for stage 1: ZeRO-2 + offload dominates it.
         return not (strategy.zero_stage == 1 and strategy.offloads and self.zero_stage != "1")

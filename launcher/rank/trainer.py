@@ -169,7 +169,8 @@ class Trainer:
         clock = PhaseClock(self.synchronize)
         for micro in range(self.grad_accum):
             ids = batch(micro)
-            loss = self.engine(input_ids=ids, labels=ids).loss
+            with self.saved_activations():
+                loss = self.engine(input_ids=ids, labels=ids).loss
             self.engine.backward(loss)
             if step is not None:
                 kill_point("step", step, self.rank)
@@ -183,6 +184,15 @@ class Trainer:
         if self.gpu_memory is not None:
             self.gpu_step = self._gather_gpu_step(*self.gpu_memory.end_step())
         return loss_sum.item() / (self.grad_accum * self.world)
+
+    def saved_activations(self):
+        """Where the forward's saved tensors wait for the backward: with the activations offloaded (the plan's
+        act->cpu, memory.py [act-offload]) in CPU memory, pinned on CUDA (torch.autograd.graph.save_on_cpu; the
+        CPU accelerator has nothing to pin); else where autograd keeps them."""
+        if not self.spec.offload_activations:
+            return contextlib.nullcontext()
+        pin = on_cuda(self.torch, self.engine.device)
+        return self.torch.autograd.graph.save_on_cpu(pin_memory=pin)
 
     def synchronize(self) -> None:
         """Wait for the device's queued work, so that a phase's clock stops when its work has (CUDA launches are

@@ -124,3 +124,17 @@ def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
     assert offload["pipeline_read"] is offload["pipeline_write"] is True
     assert run["optimizer_subgroups"]["cpu"] >= 4  # several sub-groups were swapped in turn
     assert run["measured"]["nvme_bytes_per_node"] > 12 * 3_000_000  # the fp32 master, m and v really swapped
+
+
+def test_activations_kept_in_cpu_memory_train(tiny_model, tiny_data, tmp_path):
+    """--offload-activations cpu wraps each forward in torch.autograd.graph.save_on_cpu (memory.py [act-offload]):
+    on the CPU accelerator the saved tensors are copied, not pinned, and training is the same."""
+    out = tmp_path / "run"
+    args = ("--zero-stage", "2", "--offload-optimizer", "cpu", "--offload-activations", "cpu", "--steps", "6")
+    run_launch(tiny_model, tiny_data, out, *args)
+    check_run(out, 6, stage=2, offload_optimizer="cpu", offload_param="none")
+    spec = json.loads((out / "run_spec.json").read_text())
+    assert spec["offload_activations"] is True and spec["activation_checkpointing"] is True
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"]["label"] == "ZeRO-2 + opt->cpu + act->cpu"
+    assert plan["memory"]["cpu_terms"]["offloaded activations (pinned)"] > 0

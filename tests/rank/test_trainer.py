@@ -48,7 +48,25 @@ def trainer(grad_accum=2, world=2, rank=0, blocks=None) -> Trainer:
     t.dist = SimpleNamespace(all_reduce=lambda tensor: tensor.mul_(world))
     t.blocks = blocks if blocks is not None else np.arange(40).reshape(20, 2)
     t.gpu_memory, t.gpu_peaks, t.gpu_step = None, GpuPeaks(), None  # the CPU accelerator
+    t.spec = SimpleNamespace(offload_activations=False)
     return t
+
+
+def test_offloaded_activations_are_saved_through_save_on_cpu():
+    """With the plan's act->cpu the forward runs under torch's save_on_cpu hooks (memory.py [act-offload]), so the
+    tensors autograd saves are packed off the device; without it, under none."""
+    seen = []
+
+    class Engine(FakeEngine):
+        def __call__(self, input_ids, labels):
+            seen.append(torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
+            return super().__call__(input_ids, labels)
+
+    for offload in (True, False):
+        t = trainer(grad_accum=1, world=1)
+        t.engine, t.spec = Engine(), SimpleNamespace(offload_activations=offload)
+        t.train_step(lambda micro: torch.tensor([[7]]))
+    assert seen == [True, False]
 
 
 def test_train_step_runs_every_micro_batch_and_averages_over_micro_batches_and_ranks():
