@@ -76,6 +76,11 @@ def uses_torch_adam(plan: Plan) -> bool:
     return plan.chosen.strategy.offload_optimizer == "none"
 
 
+# The share of a rank's cores SuperOffload's CPU-Adam worker gets (superoffload_utils.py `_set_cpu_affinity`):
+# DeepSpeed's default, written out so the ds_config says it; the rest keep PyTorch's launch thread fed.
+SUPEROFFLOAD_CPUADAM_CORES_PERC = 0.8
+
+
 def zenflow_section(interval: int) -> dict:
     """zero_optimization.zenflow (memory.py [ZenFlow]): DeepSpeed's topk_ratio; the important columns reselected
     by step count as often as the host updates (`select_strategy` "auto" would reselect per epoch of a
@@ -116,6 +121,8 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
             }
         if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (memory.py [Twin-Flow])
             offload["ratio"] = strategy.offload_ratio
+        if strategy.super_offload:  # memory.py [SuperOffload]: its worker gets DeepSpeed's 0.8 of the rank's cores
+            offload |= {"super_offload": True, "cpuadam_cores_perc": SUPEROFFLOAD_CPUADAM_CORES_PERC}
         zero["offload_optimizer"] = offload
     if strategy.zenflow_interval:
         zero["zenflow"] = zenflow_section(strategy.zenflow_interval)

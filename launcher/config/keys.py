@@ -204,7 +204,10 @@ def strategy_of(config: dict) -> Strategy:
     on = isinstance(zenflow, dict) and optimizer == "cpu"
     # ZenFlow's "auto" update interval adapts at run time: counted as the 4 steps the tool writes by default
     interval = (_int(zenflow.get("update_interval")) or 4) if on else 0
-    return Strategy(stage, optimizer, param, float(ratio), states, interval)
+    super_offload = (
+        stage == 3 and optimizer == "cpu" and _dict(zero.get("offload_optimizer")).get("super_offload") is True
+    )
+    return Strategy(stage, optimizer, param, float(ratio), states, interval, super_offload=super_offload)
 
 
 # ------------------------------------------------------------------------------------------ sizes

@@ -19,6 +19,9 @@ GPU_PEAK_TFLOPS: dict[str, tuple[float, str]] = {
     "H100 NVL": (835, _H100_SHEET + ", H100 NVL"),
     "H200": (989, _H200_SHEET + ", H200 SXM"),
     "H200 NVL": (835, _H200_SHEET + ", H200 NVL"),
+    # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100-class GPU, BF16 1,979 with sparsity (989 dense),
+    # 96 GB HBM3 at 4 TB/s (GH200 480GB, as NVML names it)
+    "GH200 480GB": (989, "NVIDIA GH200 Grace Hopper Superchip datasheet (BF16, sparse figure halved)"),
     "A100-SXM4-40GB": (312, _A100_SHEET + ", SXM"),
     "A100-SXM4-80GB": (312, _A100_SHEET + ", SXM"),
     "A100-PCIE-40GB": (312, _A100_SHEET + ", PCIe"),
@@ -48,6 +51,7 @@ GPU_MEMORY_GBPS: dict[str, float] = {
     "H100 NVL": 3900,
     "H200": 4800,
     "H200 NVL": 4800,
+    "GH200 480GB": 4000,
     "A100-SXM4-40GB": 1555,
     "A100-SXM4-80GB": 2039,
     "A100-PCIE-40GB": 1555,

@@ -54,6 +54,7 @@ class HostProfile:
     pcie_generation: int | None = None
     pcie_width: int | None = None
     pcie_bandwidth_bytes_per_s: int | None = None  # explicit figure wins over generation x width
+    link_kind: str | None = None  # a described coherent CPU-GPU link: "nvlink-c2c" (superchips); None: PCIe
     memlock_bytes: int | None = None  # None = unlimited
     shm_bytes: int | None = None
     nvme: NvmeSpec | None = None

@@ -25,6 +25,7 @@ _TOP_KEYS = {
     "cpu_memory",
     "cpu_cores",
     "pcie",
+    "link",
     "nvme",
     "memlock",
     "shm",
@@ -33,6 +34,9 @@ _TOP_KEYS = {
 }
 _GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability"}
 _PCIE_KEYS = {"generation", "width", "bandwidth"}
+_LINK_KEYS = {"kind", "bandwidth"}
+# a CPU-GPU link that is not PCIe: NVLink-C2C on GH200/GB200-class superchips (450 GB/s per direction on GH200)
+LINK_KINDS = ("pcie", "nvlink-c2c")
 _NVME_KEYS = {"path", "free", "is_nvme", "read", "write"}
 
 
@@ -203,7 +207,8 @@ def _host(spec: dict, described: _Described, gpus: GpuSpec, pcie: dict, nvme: Nv
         cpu_cores=int(_number(spec.get("cpu_cores", DEFAULT_CPU_CORES), at("cpu_cores"), minimum=1)),
         pcie_generation=pcie.get("generation"),
         pcie_width=pcie.get("width"),
-        pcie_bandwidth_bytes_per_s=described.rate(pcie, "bandwidth", "pcie.bandwidth"),
+        pcie_bandwidth_bytes_per_s=_link_rate(spec, described) or described.rate(pcie, "bandwidth", "pcie.bandwidth"),
+        link_kind=_link(spec, described).get("kind"),
         # memlock stays parse_size: a bare 65536 bytes (64 KiB) is a real, common limit
         memlock_bytes=None if memlock == "unlimited" else parse_size(memlock, at("memlock")),
         shm_bytes=_size(spec["shm"], at("shm")) if "shm" in spec else cpu_memory // 2,
@@ -217,6 +222,22 @@ def _host(spec: dict, described: _Described, gpus: GpuSpec, pcie: dict, nvme: Nv
         ),
         notes=(f"described host {spec['name']}",) if "name" in spec else (),
     )
+
+
+def _link(spec: dict, described: _Described) -> dict:
+    """The link section (a superchip's coherent CPU-GPU link), its kind checked."""
+    link = _mapping(spec.get("link", {}), described.at("link"))
+    described.check_keys(link, _LINK_KEYS, "link", "link.")
+    if "link" in spec and link.get("kind") not in LINK_KINDS:
+        raise UserInputError(
+            f"{described.at('link.kind')}: must be one of {', '.join(LINK_KINDS)}; got {link.get('kind')!r}"
+        )
+    return link
+
+
+def _link_rate(spec: dict, described: _Described) -> int | None:
+    """A stated link's bandwidth per direction: the host<->device rate the time model uses in place of PCIe's."""
+    return described.rate(_link(spec, described), "bandwidth", "link.bandwidth")
 
 
 def with_nvme_path(host: HostProfile, nvme_path: str) -> HostProfile:

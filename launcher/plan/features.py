@@ -16,6 +16,8 @@ MINIMUM: dict[str, tuple[tuple[int, int, int], str]] = {
     # ZenFlow: stage 1/2 in PR 7391 (2025-07), stage 3 in PR 7516 (2025-09): taken from 0.18.0, the first release
     # with both
     "zenflow": ((0, 18, 0), "ZenFlow (zero_optimization.zenflow)"),
+    # SuperOffload: offload_optimizer.super_offload (its blog and PR 7612, 2025-09; taken from 0.18.0)
+    "super_offload": ((0, 18, 0), "SuperOffload (offload_optimizer.super_offload)"),
     # bf16_optimizer_states together with offload_optimizer (PR 8010, 2026-05; 0.19.1)
     "bf16_optimizer_states": ((0, 19, 1), "16-bit optimizer states with CPU offload"),
 }

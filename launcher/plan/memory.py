@@ -75,6 +75,11 @@ Sources:
             is its own pinned allocation, rounded by torch's caching host allocator [torch-host]. DeepSpeed's own
             answer is activation_checkpointing.cpu_checkpointing with its checkpointing API, which HF models do not
             call; its ZeRO-Offload tutorial fits GPT-2 10B with batch 10 on one 32 GB V100 that way.
+  [SuperOffload] DeepSpeed SuperOffload (offload_optimizer.super_offload, ZeRO-3, CUDA only: superoffload_stage3.py
+            `_validate_superoffload_accelerator`; the SuperOffload blog, 2025, for GH200/GB200 superchips): ZeRO-3's
+            CPU offload whose CPU-Adam runs in a worker process (superoffload_utils.py, `cpuadam_cores_perc` of the
+            rank's cores, DeepSpeed's default 0.8, which the tool writes) that steps each bucket as soon as its
+            gradients arrive, speculatively, validated after the backward. Counted: the worker's process baseline.
   [DS-live] DeepSpeed partitioned_param_coordinator.py: `fetch_sub_module` gathers the current module's
             params unconditionally, then prefetches `min(max_n_available_params - n_available_params,
             prefetch_bucket_sz)` elements (the loop overshoots by one param); `__params_to_release` keeps every
@@ -173,6 +178,7 @@ class Strategy:
     # [ZenFlow] steps between the CPU's updates (ZenFlow's update_interval); 0: no ZenFlow
     zenflow_interval: int = 0
     offload_activations: str = "none"  # [act-offload] "none" | "cpu": the checkpointed activations in pinned CPU RAM
+    super_offload: bool = False  # [SuperOffload] ZeRO-3, optimizer on the CPU, CUDA: DeepSpeed's superchip offload
 
     @property
     def state_bytes(self) -> int:
@@ -203,6 +209,8 @@ class Strategy:
             parts.append(f"param->{self.offload_param}")
         if self.zenflow_interval:
             parts.append(f"ZenFlow/{self.zenflow_interval}")
+        if self.super_offload:
+            parts.append("SuperOffload")
         if self.offload_activations != "none":
             parts.append(f"act->{self.offload_activations}")
         label = " + ".join(parts)
@@ -225,6 +233,8 @@ class Strategy:
             out["zenflow_interval"] = self.zenflow_interval
         if self.offload_activations != "none":
             out["offload_activations"] = self.offload_activations
+        if self.super_offload:
+            out["super_offload"] = True
         return out
 
 
@@ -665,6 +675,8 @@ def estimate(
         grad_accum=grad_accum,
     )
 
+    if strategy.super_offload:
+        cpu_per_rank["SuperOffload CPU-Adam process"] = PROCESS_BASELINE_BYTES_CPU
     if strategy.zenflow_interval:
         gpu |= zenflow_device_terms(p, n)
         cpu_per_rank |= zenflow_host_terms(p, n)

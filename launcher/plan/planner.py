@@ -270,6 +270,11 @@ def make_plan(
         for strategy in map(workload.shaped, CANDIDATE_ORDER)
         if workload.allows(strategy)
     ]
+    if features.supports("super_offload", deepspeed_version) and (
+        superchip := super_offload_candidate(model, host, workload, rates, world, ranks, alloc_conf, calibration)
+    ):
+        full = [i for i, c in enumerate(candidates) if c.strategy == workload.shaped(FULL_OFFLOAD)]
+        candidates.insert(full[0] if full else len(candidates), superchip)
     partial = None
     if features.supports("offload_ratio", deepspeed_version):
         partial = partial_offload_candidate(model, host, workload, rates, world, ranks, alloc_conf, calibration)
@@ -343,6 +348,24 @@ def make_plan(
         aio,
         alloc_conf,
         hint,
+    )
+
+
+def super_offload_candidate(
+    model, host, workload: Workload, rates, world, ranks, alloc_conf=None, calibration=None
+) -> Candidate | None:
+    """[SuperOffload] (memory.py) ZeRO-3 with the optimizer on the CPU through DeepSpeed's SuperOffload, where it was
+    built for: a GPU joined to its CPU by a coherent link (a described host's `link: {kind: nvlink-c2c}`). Not with
+    16-bit states, ZenFlow or a split optimizer, which it does not document."""
+    if not host.has_gpu or host.link_kind != "nvlink-c2c":
+        return None
+    if workload.optimizer_states != "fp32" or workload.zenflow or (workload.offload_ratio or 1) < 1:
+        return None
+    strategy = replace(workload.shaped(FULL_OFFLOAD), super_offload=True)
+    if not workload.allows(strategy):
+        return None
+    return estimate_candidate(
+        model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
     )
 
 

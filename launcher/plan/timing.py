@@ -83,6 +83,9 @@ Sources:
   [act-offload] With the activations offloaded (memory.py [act-offload]) each saved tensor goes to the host in the
               forward, synchronously (`pack_to_cpu` copy_ into a pinned tensor), and comes back in the backward: twice
               its bytes across PCIe per micro-batch, charged serially in the passes.
+  [SuperOffload] (memory.py [SuperOffload]) CPU-Adam steps each bucket as its gradients arrive, so the update
+              overlaps the backward (about 2/3 of the passes' compute, 3/4 with recomputation) and only what outlasts it
+              waits, then the weights come back across the link. From the design, not yet checked against a run.
   [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
               pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
               Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
@@ -502,6 +505,9 @@ def estimate_step(
     # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
     passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes + t_activations
     update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
+    if strategy.super_offload:  # [SuperOffload] the update behind the backward, the upload after it
+        backward = t_compute * (0.75 if shape.recompute else 2 / 3)
+        update = max(0.0, t_adam + t_host_update - backward) + t_weights + STEP_FIXED_SECONDS
     if pipelined_groups and t_nvme_update:  # [DS-pipe] the swaps beside CPU-Adam, but the first read and last write
         on_host = t_adam + t_host_update
         update += max(on_host, t_nvme_update) + t_nvme_update / pipelined_groups - on_host - t_nvme_update

@@ -1,5 +1,6 @@
-"""16-bit optimizer states with CPU offload (memory.py [DS-bf16s]) and ZenFlow (memory.py / timing.py [ZenFlow]):
-what each costs and saves, the config written for it, and the features gate on the installed DeepSpeed."""
+"""DeepSpeed's newer offload modes beside the partial offload (tests/plan/test_partial_offload.py): 16-bit optimizer
+states, ZenFlow, NVMe pipelining, activation offload and SuperOffload on superchips - what each costs and saves,
+the config written for each, and the features gate on the installed DeepSpeed."""
 
 from __future__ import annotations
 
@@ -242,3 +243,31 @@ def test_the_zero_offload_tutorials_gpt2_10b_fits_one_v100_with_its_activations_
     assert none.chosen is None
     with pytest.raises(UserInputError, match="keeps the checkpointed activations"):
         Workload(offload_activations="cpu", activation_checkpointing=False)
+
+
+# ------------------------------------------------------------------------------------------ superchips
+
+
+def test_a_superchip_link_replaces_pcie_and_brings_super_offload(llama7b, write_host):
+    from launcher.inspection.rates import resolve_rates
+
+    gh200 = load_host_spec(host_path("1x-gh200-96g"))
+    assert gh200.link_kind == "nvlink-c2c"
+    assert resolve_rates(gh200, None).pcie_bytes_per_s == 450e9  # the link, not a PCIe generation
+    plan = make_plan(llama7b, gh200, Workload())
+    superchip = next(c for c in plan.candidates if c.strategy.super_offload)
+    assert superchip.strategy.label == "ZeRO-3 + opt->cpu + SuperOffload"
+    full = next(c for c in plan.candidates if c.strategy == Strategy(3, "cpu"))
+    # [SuperOffload]: the update waits only for what outlasts the backward; a worker process more on the CPU
+    assert superchip.timing.update_seconds < full.timing.update_seconds
+    assert superchip.memory.cpu_terms["SuperOffload CPU-Adam process"] > 0
+    config = dsconfig.render(replace(plan, chosen=superchip))
+    offload = config["zero_optimization"]["offload_optimizer"]
+    assert offload["super_offload"] is True and offload["cpuadam_cores_perc"] == 0.8
+    dsconfig.validate(config, 1)
+    assert strategy_of(config) == superchip.strategy
+    # PCIe hosts and the CPU accelerator: not proposed (DeepSpeed built it for superchips; it asserts CUDA)
+    for name in ("1x-h100-80g", "cpu-only"):
+        assert not any(c.strategy.super_offload for c in plan_for(llama7b, name).candidates)
+    with pytest.raises(UserInputError, match="link.kind: must be one of pcie, nvlink-c2c"):
+        load_host_spec(write_host("gpus: {count: 1, memory: 96GiB}\ncpu_memory: 480GB\nlink: {kind: c2c}\n"))
