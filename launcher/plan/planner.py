@@ -15,15 +15,19 @@ from dataclasses import dataclass, replace
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
-from launcher.plan import features, memory, timing
-from launcher.plan.calibration import calibrate
-from launcher.plan.capacity import (
-    fit_problems,
-    model_shape,
-    size_buckets,
+from launcher.plan import features
+from launcher.plan.candidates import Candidate, estimate_candidate, pins_host_memory, step_shape
+from launcher.plan.memory import Strategy
+from launcher.plan.modes import (
+    FULL_OFFLOAD,
+    activation_offload_variants,
+    nvme_tuning_reason,
+    partial_offload_candidate,
+    partial_offload_reason,
+    super_offload_candidate,
+    zenflow_reason,
 )
-from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
-from launcher.plan.timing import Rates, StepEstimate
+from launcher.plan.timing import Rates
 from launcher.plan.workload import Workload
 from launcher.units import fmt_bytes
 
@@ -46,6 +50,7 @@ __all__ = [
     "resolve_precision",
     "resolve_ranks",
     "resolve_seq_len",
+    "step_shape",
 ]
 
 DEFAULT_SEQ_LEN = 2048
@@ -68,29 +73,6 @@ CANDIDATE_ORDER: tuple[Strategy, ...] = (
 
 OVERHEAD_TARGET = 0.10  # batch advice aims to bring the offload overhead under this share of the step
 MAX_ADVISED_ACCUMULATION = 4096
-
-
-@dataclass(frozen=True)
-class Candidate:
-    strategy: Strategy
-    buckets: Buckets
-    memory: MemoryEstimate
-    problems: tuple[str, ...]  # why it does not fit (empty when it fits)
-    timing: StepEstimate
-
-    @property
-    def fits(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict:
-        return {
-            **self.strategy.to_json(),
-            "label": self.strategy.label,
-            "fits": self.fits,
-            "problems": list(self.problems),
-            **self.memory.to_json(),
-            "estimates": self.timing.to_json(),
-        }
 
 
 @dataclass(frozen=True)
@@ -160,74 +142,6 @@ def resolve_ranks(workload: Workload, host: HostProfile) -> int:
     if host.has_gpu and workload.num_gpus > host.gpus.count:
         raise UserInputError(f"--num-gpus {workload.num_gpus}, but the host has {host.gpus.count} GPU(s) per node")
     return workload.num_gpus
-
-
-def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> timing.Shape:
-    """What the step-time model needs of the model and the workload."""
-    return timing.Shape(
-        params=model.params,
-        compute_params=model.compute_params,
-        layers=model.num_layers,
-        hidden=model.hidden_size,
-        param_tensors=len(model.param_numels),
-        seq_len=workload.seq_len,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        recompute=workload.activation_checkpointing,
-        vocab=model.vocab_size,
-    )
-
-
-def estimate_candidate(
-    model,
-    host,
-    workload: Workload,
-    strategy: Strategy,
-    rates: Rates,
-    world: int,
-    ranks: int,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    alloc_conf: str | None = None,
-    calibration: dict | None = None,
-) -> Candidate:
-    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). `alloc_conf`:
-    the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers;
-    `calibration`: strategy label -> calibration.Factors from finished runs on this host."""
-    micro_batch = micro_batch or workload.micro_batch
-    grad_accum = grad_accum or workload.grad_accum
-    buckets = size_buckets(model, host, strategy, world, ranks)
-    pinned = pins_host_memory(strategy, host)
-    shape = model_shape(model, buckets)
-    estimate = memory.estimate(
-        shape,
-        strategy,
-        buckets,
-        world=world,
-        ranks_per_node=ranks,
-        seq_len=workload.seq_len,
-        micro_batch=micro_batch,
-        checkpointing=workload.activation_checkpointing,
-        has_gpu=host.has_gpu,
-        pin_memory=pinned,
-        pinned_round_limit=memory.pinned_round_limit(alloc_conf),
-        grad_accum=grad_accum,
-    )
-    # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
-    gpu_share = memory.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0
-    step = timing.estimate_step(
-        step_shape(model, workload, micro_batch, grad_accum),
-        strategy,
-        rates,
-        world=world,
-        ranks_per_node=ranks,
-        has_gpu=host.has_gpu,
-        pinned=pinned,
-        gpu_share=gpu_share,
-        pipelined_groups=-(-model.params // world // buckets.sub_group_size) if buckets.pipeline else 0,
-    )
-    step = calibrate(step, (calibration or {}).get(strategy.label))
-    return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 
 
 def make_plan(
@@ -351,52 +265,6 @@ def make_plan(
     )
 
 
-def super_offload_candidate(
-    model, host, workload: Workload, rates, world, ranks, alloc_conf=None, calibration=None
-) -> Candidate | None:
-    """[SuperOffload] (memory.py) ZeRO-3 with the optimizer on the CPU through DeepSpeed's SuperOffload, where it was
-    built for: a GPU joined to its CPU by a coherent link (a described host's `link: {kind: nvlink-c2c}`). Not with
-    16-bit states, ZenFlow or a split optimizer, which it does not document."""
-    if not host.has_gpu or host.link_kind != "nvlink-c2c":
-        return None
-    if workload.optimizer_states != "fp32" or workload.zenflow or (workload.offload_ratio or 1) < 1:
-        return None
-    strategy = replace(workload.shaped(FULL_OFFLOAD), super_offload=True)
-    if not workload.allows(strategy):
-        return None
-    return estimate_candidate(
-        model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
-    )
-
-
-def activation_offload_variants(
-    model, host, workload: Workload, candidates, rates, world, ranks, alloc_conf=None, calibration=None
-) -> list[tuple[int, Candidate]]:
-    """[act-offload] (memory.py) (index, the same strategy with its checkpointed activations in CPU memory) for each
-    candidate that misses the GPU and only the GPU, where that variant fits: what the activations cost is then
-    PCIe time, not the next offload tier. Only with activation checkpointing, on a GPU, unless pinned either way."""
-    if workload.offload_activations != "auto" or not workload.activation_checkpointing or not host.has_gpu:
-        return []
-    variants = []
-    for index, candidate in enumerate(candidates):
-        if candidate.fits or not all(p.startswith("GPU needs") for p in candidate.problems):
-            continue
-        variant = estimate_candidate(
-            model,
-            host,
-            workload,
-            replace(candidate.strategy, offload_activations="cpu"),
-            rates,
-            world,
-            ranks,
-            alloc_conf=alloc_conf,
-            calibration=calibration,
-        )
-        if variant.fits:
-            variants.append((index, variant))
-    return variants
-
-
 def states_hint(model, host, workload: Workload, chosen, rates, world, ranks, alloc_conf=None) -> str | None:
     """When the fp32 optimizer states fit nowhere, or only on NVMe, and 16-bit ones would fit in CPU RAM
     (memory.py [DS-bf16s]): the fastest such candidate, said in one line. Not chosen unasked: it changes the
@@ -427,49 +295,6 @@ def states_hint(model, host, workload: Workload, chosen, rates, world, ranks, al
         f"other numerics, so only when asked) {best.strategy.label.removesuffix(' (bf16 states)')} would fit in "
         f"{fmt_bytes(best.memory.cpu_bytes)} of CPU RAM per node: {best.timing.expected_seconds:.3g} s/step{faster}"
     )
-
-
-FULL_OFFLOAD = Strategy(3, "cpu")  # the candidate a partial offload refines
-
-
-def partial_offload_candidate(
-    model,
-    host,
-    workload: Workload,
-    rates: Rates,
-    world: int,
-    ranks: int,
-    alloc_conf: str | None = None,
-    calibration: dict | None = None,
-) -> Candidate | None:
-    """[Twin-Flow] (memory.py) ZeRO-3 with part of the optimizer on the GPU: the share that minimizes the
-    predicted step among those that fit, one sub-group at a time (capacity.PARTIAL_OFFLOAD_SUB_GROUPS: steps
-    of ~5 %), or the one --offload-ratio pins (whether it fits or not, so the table says). None when no share
-    fits, when the optimizer or the stage are pinned elsewhere, and on the CPU accelerator unless pinned: there
-    DeepSpeed steps the "GPU" share on the CPU too, nothing to gain."""
-    pinned = workload.offload_ratio
-    if workload.zenflow:  # ZenFlow with a split optimizer is not a combination DeepSpeed documents: not proposed
-        return None
-    if pinned is not None:
-        strategies = [Strategy(3, "cpu", offload_ratio=pinned)] if pinned < 1 else []
-    elif host.has_gpu:
-        sizing = size_buckets(model, host, Strategy(3, "cpu", offload_ratio=0.5), world, ranks)
-        groups = len(memory.stage3_subgroups(model_shape(model, sizing), world, sizing.sub_group_size))
-        strategies = [Strategy(3, "cpu", offload_ratio=memory.ratio_keeping(k, groups)) for k in range(1, groups)]
-    else:
-        strategies = []
-    strategies = [workload.shaped(strategy) for strategy in strategies]
-    evaluated = [
-        estimate_candidate(
-            model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
-        )
-        for strategy in strategies
-        if workload.allows(strategy)
-    ]
-    if pinned is not None:
-        return evaluated[0] if evaluated else None
-    fitting = [c for c in evaluated if c.fits]
-    return min(fitting, key=lambda c: c.timing.expected_seconds) if fitting else None
 
 
 def batch_advice(
@@ -519,15 +344,6 @@ def batch_advice(
     return advice
 
 
-def pins_host_memory(strategy: Strategy, host: HostProfile) -> bool:
-    """pin_memory for the offloaded buffers: on with a GPU (DeepSpeed's default since 0.19.5), whatever
-    RLIMIT_MEMLOCK says. torch pins through its CUDA caching host allocator (cudaHostAlloc, or
-    cudaHostRegister with pinned_use_cuda_host_register), and the NVIDIA driver locks those pages itself
-    (open-gpu-kernel-modules os-mlock.c `os_lock_user_pages`: get_user_pages, no RLIMIT_MEMLOCK accounting),
-    not through mlock(2), so `ulimit -l` does not bound them. Off on the CPU accelerator: nothing to DMA."""
-    return host.has_gpu or not strategy.offloads
-
-
 def decide_pin_memory(chosen: Candidate, host: HostProfile, ranks: int) -> tuple[bool, list[str]]:
     """pin_memory for the chosen strategy, and what the host's memlock limit means for it. The limit only
     bounds what DeepSpeed mlock()s itself: the aio swap buffers of NVMe offload (`locked_swap_bytes_per_rank`),
@@ -565,64 +381,6 @@ def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
         if k not in ("process baseline", "model load peak (transient)", "device memory (CPU accelerator)")
     )
     return per_node // ranks
-
-
-def zenflow_reason(chosen: Candidate, plain: Candidate) -> str:
-    """What ZenFlow ([ZenFlow] in memory.py and timing.py) buys and costs, against the same strategy without it."""
-    interval = chosen.strategy.zenflow_interval
-    return (
-        f"ZenFlow (asked for): {memory.ZENFLOW_TOPK_RATIO:.0%} of the gradient columns update on the device every "
-        f"step, the rest on the CPU every {interval} steps in its own process, behind the next steps' passes: "
-        f"{chosen.timing.expected_seconds:.3g} s/step against {plain.timing.expected_seconds:.3g} without it, for "
-        f"{fmt_bytes(chosen.memory.cpu_bytes - plain.memory.cpu_bytes)} more CPU RAM per node (double-buffered "
-        "moments, a stale copy, overlap gradients) and parameters updated from gradients up to "
-        f"{interval} steps old"
-    )
-
-
-def nvme_tuning_reason(chosen: Candidate, host) -> str:
-    """The optimizer's NVMe swap settings and why (capacity.nvme_optimizer_sizing), in one line."""
-    buckets = chosen.buckets
-    swap = fmt_bytes(chosen.memory.cpu_terms.get("optimizer swap buffers (pinned)", 0))
-    if buckets.pipeline:
-        how = (
-            f"pipelined (pipeline_read/pipeline_write: the next sub-group read and the last written while one "
-            f"steps), {buckets.optimizer_buffer_count} swap buffers"
-        )
-    else:
-        how = (
-            f"not pipelined: a tenth of RAM holds {buckets.optimizer_buffer_count} swap buffers of large enough "
-            "sub-groups, or the partition is one sub-group"
-        )
-    return (
-        f"optimizer on NVMe: sub_group_size {buckets.sub_group_size:,}, {how} ({swap} pinned per node, at most a "
-        f"tenth of {fmt_bytes(host.cpu_memory_bytes)} RAM)"
-    )
-
-
-def partial_offload_reason(chosen: Candidate, candidates, has_gpu: bool) -> str:
-    """Why a partial offload ([Twin-Flow]), in numbers: the share kept on the GPU and the step against the full
-    offload's."""
-    if not has_gpu:
-        return (
-            "partial optimizer offload (DeepSpeed Twin-Flow, offload_optimizer.ratio "
-            f"{chosen.strategy.offload_ratio:g}) as pinned: on the CPU accelerator the device's share is CPU memory "
-            "too and DeepSpeed steps it with CPU-Adam, so it runs and checkpoints like on a GPU but is timed as a "
-            "full offload"
-        )
-    states = chosen.strategy.states_term
-    on_gpu = chosen.memory.gpu_terms.get(f"{states} (GPU share)", 0)
-    on_cpu = chosen.memory.cpu_terms.get(states, 0)
-    full = [c for c in candidates if c.strategy == replace(chosen.strategy, offload_ratio=1.0)]
-    versus = ""
-    if full:
-        ratio = full[0].timing.expected_seconds / chosen.timing.expected_seconds
-        versus = f"; the full offload would take {full[0].timing.expected_seconds:.3g} s/step ({ratio:.2f}x)"
-    return (
-        f"partial optimizer offload (DeepSpeed Twin-Flow, offload_optimizer.ratio {chosen.strategy.offload_ratio:g}): "
-        f"{fmt_bytes(on_gpu)} of {states} per GPU and their Adam step stay on the GPU, the rest on "
-        f"the CPU ({fmt_bytes(on_cpu)} per node){versus}"
-    )
 
 
 def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[str], list[str]]:
