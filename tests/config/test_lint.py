@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.config import dsconfig, lint, merge
+from launcher.config import dsconfig, lint, lint_modes, merge
 from launcher.config.keys import BATCH_KEYS, estimate_config, strategy_of
 from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
@@ -315,7 +315,7 @@ def test_generated_configs_lint_clean(llama7b, host):
         if candidate is plan.chosen:
             assert findings == [], candidate.strategy.label
         else:  # the planner's runner-ups: a full optimizer offload may leave its partial offload's win unused
-            assert all(f.path == lint.OFFLOAD_OPTIMIZER and f.level == "warning" for f in findings), findings
+            assert all(f.path == lint_modes.OFFLOAD_OPTIMIZER and f.level == "warning" for f in findings), findings
             assert not findings or (candidate.strategy.offload_optimizer == "cpu" and not candidate.strategy.partial)
 
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.config import dsconfig, lint
+from launcher.config import dsconfig, lint, lint_modes
 from launcher.config.keys import estimate_config
 from launcher.inspection.hostspec import load_host_spec
 from launcher.plan.capacity import usable_gpu_bytes
@@ -409,7 +409,7 @@ def test_a_full_offload_that_leaves_a_partial_offloads_win_unused(llama7b, a100,
     estimate, partial, own = expected_win(config, plan)
     usable = usable_gpu_bytes(a100)
     faster, slower = partial.timing.expected_seconds, own.timing.expected_seconds
-    finding = only(lint.lint(config, plan, 1), lint.OFFLOAD_OPTIMIZER)
+    finding = only(lint.lint(config, plan, 1), lint_modes.OFFLOAD_OPTIMIZER)
     assert finding.level == "warning"
     assert finding.message == (
         f"a full offload leaves the GPU {fmt_bytes(usable - estimate.gpu_bytes_per_device)} idle: ZeRO-3 with "
@@ -434,7 +434,8 @@ def test_no_unused_gpu_warning_without_room_or_without_a_gpu(llama7b, cpu_host_p
     config = dsconfig.render(full3)
     _, partial, own = expected_win(config, full3)
     assert (
-        partial is not None and own.timing.expected_seconds < lint.PARTIAL_OFFLOAD_WIN * partial.timing.expected_seconds
+        partial is not None
+        and own.timing.expected_seconds < lint_modes.PARTIAL_OFFLOAD_WIN * partial.timing.expected_seconds
     )
     assert lint.lint(config, full3, 1) == []
     assert lint.lint(dsconfig.render(cpu_host_plan), cpu_host_plan, 1) == []  # the CPU accelerator
@@ -611,7 +612,9 @@ def test_check_says_a_full_offload_leaves_the_gpu_idle(tmp_path):
     code, report = run_check(tmp_path, config)
     assert code == 0 and report["errors"] == 0
     [finding] = report["findings"]
-    assert finding["path"] == lint.OFFLOAD_OPTIMIZER and finding["message"].startswith("a full offload leaves the GPU")
+    assert finding["path"] == lint_modes.OFFLOAD_OPTIMIZER and finding["message"].startswith(
+        "a full offload leaves the GPU"
+    )
     code, report = run_check(tmp_path, config, "1x-rtx4090-24g-192g")
     assert code == 0 and report["findings"] == []
 
