@@ -59,7 +59,7 @@ def host_names() -> list[str]:
 
 def available() -> list[Recipe]:
     """Every bundled recipe, by name (the hosts/ folder holds described hosts, not recipes)."""
-    return [load(path) for path in sorted(recipe_dir().glob("*.yaml"))]
+    return [load(path) for path in sorted(recipe_dir().glob("*.yaml"), key=lambda path: path.stem)]  # as names()
 
 
 def names() -> list[str]:

@@ -140,6 +140,33 @@ def test_recipe_option_plans_its_expected_strategy(name: str, tmp_path: Path, mo
     assert workload["grad_accum"] == recipe.options["grad_accum"]
 
 
+def test_the_offload_mode_recipes_plan_their_mode(tmp_path: Path, monkeypatch):
+    """The recipes for DeepSpeed's newer offload modes (docs/planning.md): each plan writes its mode into the
+    ds_config, and without the mode the same workload falls back to the optimizer on NVMe."""
+    monkeypatch.chdir(tmp_path)
+    partial = plan_json(invoke("--recipe", "llama2-7b-2x24g-partial", "--dry-run", "--json"))
+    ratio = partial["strategy"]["offload_ratio"]
+    assert partial["strategy"]["zero_stage"] == 3 and 0 < ratio < 1
+    assert partial["ds_config"]["zero_optimization"]["offload_optimizer"]["ratio"] == ratio
+    whole = plan_json(invoke("--recipe", "llama2-7b-2x24g-partial", "--offload-ratio", "1", "--dry-run", "--json"))
+    assert whole["strategy"]["offload_optimizer"] == "nvme"
+
+    states = plan_json(invoke("--recipe", "llama2-7b-bf16-1x24g", "--dry-run", "--json"))
+    assert states["strategy"]["optimizer_states"] == "bf16"
+    assert states["ds_config"]["bf16"] == {
+        "enabled": True,
+        "bf16_master_weights_and_grads": True,
+        "bf16_optimizer_states": True,
+    }
+    fp32 = plan_json(invoke("--recipe", "llama2-7b-bf16-1x24g", "--optimizer-states", "fp32", "--dry-run", "--json"))
+    assert fp32["strategy"]["offload_optimizer"] == "nvme"
+    assert any("--optimizer-states bf16" in reason for reason in fp32["reasons"])  # the hint names the way out
+
+    zenflow = plan_json(invoke("--recipe", "llama2-7b-zenflow-1x80g", "--dry-run", "--json"))
+    assert zenflow["strategy"]["zenflow_interval"] == 4 and zenflow["workload"]["grad_accum"] == 1
+    assert zenflow["ds_config"]["zero_optimization"]["zenflow"]["update_interval"] == 4
+
+
 def test_command_line_overrides_the_recipe():
     base = plan_json(invoke("--recipe", "llama2-7b-1x24g", "--dry-run", "--json"))
     assert base["strategy"]["zero_stage"] == 2

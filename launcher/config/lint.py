@@ -247,8 +247,23 @@ def _offload_setup_findings(config: dict, zero: dict, optimizer: str, param: str
                     f"folder on a local NVMe drive{example}, one per run",
                 )
             )
-    count = _int(_dict(zero.get("offload_optimizer")).get("buffer_count"))
-    if optimizer == "nvme" and count is not None and count < MIN_OPTIMIZER_BUFFER_COUNT:
+    offload = _dict(zero.get("offload_optimizer"))
+    count = _int(offload.get("buffer_count"))
+    # capacity.py [DS-pipe]: the pipelined swapper holds 4 buffers per sub-group in flight, one more sub-group for
+    # each of pipeline_read and pipeline_write (DeepSpeed's default buffer_count is 4)
+    in_flight = 1 + (offload.get("pipeline_read") is True) + (offload.get("pipeline_write") is True)
+    needed = MIN_OPTIMIZER_BUFFER_COUNT * in_flight
+    if optimizer == "nvme" and in_flight > 1 and (count if count is not None else MIN_OPTIMIZER_BUFFER_COUNT) < needed:
+        findings.append(
+            Finding(
+                "warning",
+                "zero_optimization.offload_optimizer.buffer_count",
+                f"pipelined swaps keep {in_flight} sub-groups in flight at {MIN_OPTIMIZER_BUFFER_COUNT} buffers each "
+                f"(param, m, v, gradient: pipelined_optimizer_swapper.py): {count or MIN_OPTIMIZER_BUFFER_COUNT} "
+                f"buffers run out mid-step ('ran out of swap buffers'); use at least {needed}",
+            )
+        )
+    elif optimizer == "nvme" and count is not None and count < MIN_OPTIMIZER_BUFFER_COUNT:
         findings.append(
             Finding(
                 "warning",

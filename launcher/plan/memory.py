@@ -66,7 +66,8 @@ Sources:
             them every update_interval steps from double-buffered m and v (exp_avg0/1, exp_avg_sq0/1: 16 B/param in
             place of CPU-Adam's 8) beside a stale copy of the parameters and two overlap gradient buffers (fp32,
             4 + 4 + 4 B/param). Measured on the CPU accelerator (16.7 M parameters, one rank): 1,715 MiB with
-            ZenFlow against 910 MiB without, i.e. a process baseline and ~22 B/param more; counted: 0.5 GiB + 20 B.
+            ZenFlow against 910 MiB without, i.e. 0.5 GiB of process baseline and ~18 B/param more; counted:
+            0.5 GiB + 20 B/param.
   [act-offload] torch.autograd.graph.save_on_cpu(pin_memory=True) (torch/autograd/graph.py): every tensor autograd
             saves in the forward is copied into a new pinned CPU tensor (`pack_to_cpu`: torch.empty(..., pin_memory)
             + copy_) and copied back in the backward (`unpack_from_cpu`: .to(device, non_blocking)). With activation

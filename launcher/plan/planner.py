@@ -182,7 +182,7 @@ def make_plan(
             model, host, workload, strategy, rates, world, ranks, alloc_conf=alloc_conf, calibration=calibration
         )
         for strategy in map(workload.shaped, CANDIDATE_ORDER)
-        if workload.allows(strategy)
+        if workload.allows(strategy) and runs_here(strategy, host)
     ]
     if features.supports("super_offload", deepspeed_version) and (
         superchip := super_offload_candidate(model, host, workload, rates, world, ranks, alloc_conf, calibration)
@@ -199,6 +199,11 @@ def make_plan(
         activation_offload_variants(model, host, workload, candidates, rates, world, ranks, alloc_conf, calibration)
     ):
         candidates.insert(index + 1, variant)  # right after the candidate it rescues
+    if not candidates and workload.zenflow and not host.has_gpu and workload.zero_stage == "3":
+        raise UserInputError(
+            "--zenflow at ZeRO-3 needs a CUDA GPU (DeepSpeed's ZenFlow allocates its ZeRO-3 buffers on 'cuda'); on "
+            "the CPU accelerator use --zero-stage 1 or 2"
+        )
     fitting = [c for c in candidates if c.fits]
     ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
     chosen = ranked[0] if ranked else None
@@ -295,6 +300,13 @@ def states_hint(model, host, workload: Workload, chosen, rates, world, ranks, al
         f"other numerics, so only when asked) {best.strategy.label.removesuffix(' (bf16 states)')} would fit in "
         f"{fmt_bytes(best.memory.cpu_bytes)} of CPU RAM per node: {best.timing.expected_seconds:.3g} s/step{faster}"
     )
+
+
+def runs_here(strategy: Strategy, host: HostProfile) -> bool:
+    """What DeepSpeed cannot run on this host's accelerator is not a candidate: ZenFlow at ZeRO-3 allocates its
+    buffers on 'cuda' (zenflow/engine_stage3.py `update_selected_channels`: torch.zeros(..., device='cuda')), so on
+    the CPU accelerator ZenFlow is planned at ZeRO-1/2 only."""
+    return host.has_gpu or not (strategy.zenflow_interval and strategy.zero_stage >= 3)
 
 
 def batch_advice(
@@ -423,7 +435,8 @@ def _explain(candidates, chosen, host, world: int, params: int) -> tuple[list[st
     if chosen.strategy.offload_optimizer != "none":
         reasons.append(
             "optimizer offloaded: ds_config uses AdamW so DeepSpeed builds DeepSpeedCPUAdam; "
-            f"PCIe moves >= 4 B/param per optimizer step ({fmt_bytes(4 * params)}, [seeds])"
+            f"{'NVLink-C2C' if host.link_kind == 'nvlink-c2c' else 'PCIe'} moves >= 4 B/param per optimizer step "
+            f"({fmt_bytes(4 * params)}, [seeds])"
         )
     if (
         host.nvme

@@ -181,7 +181,12 @@ def test_nvme_offload_without_nvme_path(mixtral_plan, section):
 
 def test_short_optimizer_swap_buffer_count_warns(mixtral_plan):
     config = dsconfig.render(mixtral_plan)
-    config["zero_optimization"]["offload_optimizer"]["buffer_count"] = 2
+    # serial swaps (the plan pipelines them: tests/config/test_lint_offload_modes.py has the pipelined counts)
+    config["zero_optimization"]["offload_optimizer"] |= {
+        "buffer_count": 2,
+        "pipeline_read": False,
+        "pipeline_write": False,
+    }
     finding = only(lint.lint(config, mixtral_plan, 1), "zero_optimization.offload_optimizer.buffer_count")
     assert finding.level == "warning" and "use at least 4" in finding.message
 

@@ -627,3 +627,27 @@ def test_ds_config_refuses_a_mode_deepspeed_refuses_in_one_line(tmp_path):
     result = CliRunner().invoke(cli, [*args, "--dry-run"])
     assert result.exit_code == 2
     assert f"Error: --ds-config: {RATIO}: 0.5 < 1 is a partial offload" in result.output
+
+
+@pytest.mark.parametrize(
+    ("read", "write", "count", "needed"), [(True, True, 4, 12), (True, False, 4, 8), (True, True, 12, 0)]
+)
+def test_pipelined_nvme_swaps_need_buffers_for_every_sub_group_in_flight(read, write, count, needed):
+    config = {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {
+                "device": "nvme",
+                "nvme_path": "/nvme/run",
+                "buffer_count": count,
+                "pipeline_read": read,
+                "pipeline_write": write,
+            },
+        },
+        "train_micro_batch_size_per_gpu": 1,
+    }
+    found = [f for f in lint.lint(config, None, 1, deepspeed=False) if f.path.endswith("buffer_count")]
+    if needed:
+        assert len(found) == 1 and f"use at least {needed}" in found[0].message
+    else:
+        assert found == []
