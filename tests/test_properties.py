@@ -272,10 +272,12 @@ def test_the_chosen_plan_fits_every_tier_it_uses(scenario):
     fastest predicted fitting candidate, the framework's order breaking ties; no choice means none fits."""
     model, host, workload = scenario
     plan = make_plan(model, host, workload)
-    # the framework's strategies in its order, and at most one partial offload refining the full one (planner.py)
+    # the framework's strategies in its order, at most one partial offload refining the full one, and the activation
+    # offload variants of those that miss only the GPU (modes.py)
     partial = [c.strategy for c in plan.candidates if c.strategy.partial]
     assert len(partial) <= 1 and (not partial or workload.allows(partial[0]))
-    assert [c.strategy for c in plan.candidates if not c.strategy.partial] == [
+    framework = [c.strategy for c in plan.candidates if not c.strategy.partial]
+    assert [s for s in framework if s.offload_activations == "none"] == [
         s for s in map(workload.shaped, CANDIDATE_ORDER) if workload.allows(s)
     ]
     fitting = [c for c in plan.candidates if c.fits]
@@ -320,12 +322,13 @@ def offload(plan: Plan) -> tuple[int, int]:
 
 
 def candidate_in(plan: Plan, strategy):
-    """`strategy`'s candidate in `plan`. A partial offload's share is chosen per plan (another plan may keep more
-    sub-groups on the GPU): one the plan did not list is sized and timed as the planner would."""
+    """`strategy`'s candidate in `plan`. The refinements of the framework's strategies are chosen per plan (a
+    partial offload's share, the activations offloaded only where the GPU alone misses): one the plan did not list
+    is sized and timed as the planner would."""
     listed = [c for c in plan.candidates if c.strategy == strategy]
     if listed:
         return listed[0]
-    assert strategy.partial, strategy
+    assert strategy.partial or strategy.offload_activations != "none", strategy
     world = plan.ranks_per_node * plan.host.nodes
     return estimate_candidate(
         plan.model,

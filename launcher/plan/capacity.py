@@ -111,10 +111,13 @@ def nvme_optimizer_sizing(model: ModelProfile, host: HostProfile, world: int, ra
     """(sub_group_size, buffer_count, pipelined) for the optimizer on NVMe. The swap buffers pin (buffer_count + 1)
     x the largest sub-group x 4 B per rank [DS-swap], and a sub-group can overshoot sub_group_size by one
     partition; they get at most a tenth of the node's RAM. Pipelined ([DS-pipe]: the next sub-group read and the
-    previous written while one steps, timing [DS-pipe]) when that budget still gives sub-groups of MIN_SUB_GROUP
-    with PIPELINED_BUFFER_COUNT buffers and the partition has more than one of them; else DeepSpeed's serial
-    swapper with OPTIMIZER_BUFFER_COUNT buffers and sub-groups as large as the budget allows (fewer, larger
-    requests), never below MIN_SUB_GROUP nor above DeepSpeed's default."""
+    previous written while one steps; timing [DS-pipe]) with PIPELINED_BUFFER_COUNT buffers of MIN_SUB_GROUP
+    elements when the budget holds them and the partition has more than one: requests large enough for the
+    drive's bandwidth, and as many sub-groups as that allows, since only the first read and the last write (one
+    sub-group each) are not hidden - so more RAM never changes the choice once it fits. Else DeepSpeed's serial
+    swapper with OPTIMIZER_BUFFER_COUNT buffers of sub-groups as large as the budget allows (fewer, larger
+    requests; the serial swap costs the same whatever their number), never below MIN_SUB_GROUP nor above
+    DeepSpeed's default."""
     overshoot = -(-model.largest_param_numel // world)
     partition = model.params // world
 
@@ -122,9 +125,8 @@ def nvme_optimizer_sizing(model: ModelProfile, host: HostProfile, world: int, ra
         budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * memory.BYTES_FP32)
         return int(min(DEFAULT_SUB_GROUP_SIZE, budget_numel - overshoot))
 
-    pipelined = largest(PIPELINED_BUFFER_COUNT)
-    if pipelined >= MIN_SUB_GROUP and partition > pipelined:
-        return pipelined, PIPELINED_BUFFER_COUNT, True
+    if largest(PIPELINED_BUFFER_COUNT) >= MIN_SUB_GROUP and partition > MIN_SUB_GROUP:
+        return MIN_SUB_GROUP, PIPELINED_BUFFER_COUNT, True
     return max(MIN_SUB_GROUP, largest(OPTIMIZER_BUFFER_COUNT)), OPTIMIZER_BUFFER_COUNT, False
 
 

@@ -18,6 +18,8 @@ from launcher.plan.timing import Rates
 from launcher.plan.workload import Workload
 from launcher.units import fmt_bytes
 
+FULL_OFFLOAD = Strategy(3, "cpu")  # the candidate a partial offload and SuperOffload refine
+
 
 def super_offload_candidate(
     model, host, workload: Workload, rates, world, ranks, alloc_conf=None, calibration=None
@@ -63,9 +65,6 @@ def activation_offload_variants(
         if variant.fits:
             variants.append((index, variant))
     return variants
-
-
-FULL_OFFLOAD = Strategy(3, "cpu")  # the candidate a partial offload refines
 
 
 def partial_offload_candidate(
