@@ -71,10 +71,24 @@ def estimate_candidate(
 ) -> Candidate:
     """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). `alloc_conf`:
     the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers;
-    `calibration`: strategy label -> calibration.Factors from finished runs on this host."""
+    `calibration`: strategy label -> calibration.Factors from finished runs on this host. With the optimizer on
+    NVMe, pipelined swaps (capacity.nvme_optimizer_sizing) are kept only where they fit and are predicted faster
+    than the serial swapper (timing [DS-pipe]: with few sub-groups or a short CPU-Adam they are not)."""
+    args = (model, host, workload, strategy, rates, world, ranks, micro_batch, grad_accum, alloc_conf, calibration)
+    pipelined = _estimate(*args, size_buckets(model, host, strategy, world, ranks))
+    if not pipelined.buckets.pipeline:
+        return pipelined
+    serial = _estimate(*args, size_buckets(model, host, strategy, world, ranks, nvme_pipeline=False))
+    faster = pipelined.timing.expected_seconds < serial.timing.expected_seconds
+    return pipelined if pipelined.fits and (faster or not serial.fits) else serial
+
+
+def _estimate(
+    model, host, workload, strategy, rates, world, ranks, micro_batch, grad_accum, alloc_conf, calibration, buckets
+) -> Candidate:
+    """estimate_candidate with the buckets decided."""
     micro_batch = micro_batch or workload.micro_batch
     grad_accum = grad_accum or workload.grad_accum
-    buckets = size_buckets(model, host, strategy, world, ranks)
     pinned = pins_host_memory(strategy, host)
     shape = model_shape(model, buckets)
     estimate = memory.estimate(

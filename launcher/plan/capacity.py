@@ -79,14 +79,16 @@ def aligned_partition_numel(numel: int, world: int) -> int:
     return -(-partition // alignment) * alignment
 
 
-def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, world: int, ranks: int) -> Buckets:
+def size_buckets(
+    model: ModelProfile, host: HostProfile, strategy: Strategy, world: int, ranks: int, *, nvme_pipeline: bool = True
+) -> Buckets:
     """Integer bucket sizes from the hidden size, by Hugging Face's "auto" conventions
     (transformers integrations/deepspeed.py: reduce = h², prefetch = 0.9·h², persistence = 10·h)."""
     h = model.hidden_size
     sub_group = DEFAULT_SUB_GROUP_SIZE
     buffer_count, pipeline = OPTIMIZER_BUFFER_COUNT, False
     if strategy.offload_optimizer == "nvme":
-        sub_group, buffer_count, pipeline = nvme_optimizer_sizing(model, host, world, ranks)
+        sub_group, buffer_count, pipeline = nvme_optimizer_sizing(model, host, world, ranks, pipeline=nvme_pipeline)
     elif strategy.partial:
         sub_group = partial_offload_sub_group_size(model.params, world)
     return Buckets(
@@ -107,7 +109,9 @@ def size_buckets(model: ModelProfile, host: HostProfile, strategy: Strategy, wor
     )
 
 
-def nvme_optimizer_sizing(model: ModelProfile, host: HostProfile, world: int, ranks: int) -> tuple[int, int, bool]:
+def nvme_optimizer_sizing(
+    model: ModelProfile, host: HostProfile, world: int, ranks: int, *, pipeline: bool = True
+) -> tuple[int, int, bool]:
     """(sub_group_size, buffer_count, pipelined) for the optimizer on NVMe. The swap buffers pin (buffer_count + 1)
     x the largest sub-group x 4 B per rank [DS-swap], and a sub-group can overshoot sub_group_size by one
     partition; they get at most a tenth of the node's RAM. Pipelined ([DS-pipe]: the next sub-group read and the
@@ -125,7 +129,7 @@ def nvme_optimizer_sizing(model: ModelProfile, host: HostProfile, world: int, ra
         budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * memory.BYTES_FP32)
         return int(min(DEFAULT_SUB_GROUP_SIZE, budget_numel - overshoot))
 
-    if largest(PIPELINED_BUFFER_COUNT) >= MIN_SUB_GROUP and partition > MIN_SUB_GROUP:
+    if pipeline and largest(PIPELINED_BUFFER_COUNT) >= MIN_SUB_GROUP and partition > MIN_SUB_GROUP:
         return MIN_SUB_GROUP, PIPELINED_BUFFER_COUNT, True
     return max(MIN_SUB_GROUP, largest(OPTIMIZER_BUFFER_COUNT)), OPTIMIZER_BUFFER_COUNT, False
 
