@@ -49,3 +49,14 @@ def offload_launch(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
         cwd=cwd,
         env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO)),
     )
+
+
+def only(findings, path):
+    """The findings at `path`; exactly one, so a check and the schema never report the same thing twice."""
+    at = [f for f in findings if f.path == path]
+    assert len(at) == 1, [str(f) for f in findings]
+    return at[0]
+
+
+def errors(findings):
+    return [str(f) for f in findings if f.level == "error"]

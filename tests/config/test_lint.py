@@ -20,7 +20,7 @@ from launcher.plan.capacity import aligned_partition_numel, usable_cpu_bytes
 from launcher.plan.memory import Strategy
 from launcher.plan.planner import Workload, make_plan
 from launcher.units import fmt_bytes
-from tests.helpers import host_path
+from tests.helpers import errors, host_path, only
 
 
 def forced_plan(model, host, strategy: Strategy, **workload):
@@ -30,17 +30,6 @@ def forced_plan(model, host, strategy: Strategy, **workload):
         offload_param=strategy.offload_param,
     )
     return make_plan(model, host, Workload(**pinned, **workload))
-
-
-def only(findings, path):
-    """The findings at `path`; exactly one, so a check and the schema never report the same thing twice."""
-    at = [f for f in findings if f.path == path]
-    assert len(at) == 1, [str(f) for f in findings]
-    return at[0]
-
-
-def errors(findings):
-    return [str(f) for f in findings if f.level == "error"]
 
 
 # ------------------------------------------------------------------------------------------ unknown keys

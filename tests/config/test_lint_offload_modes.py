@@ -20,7 +20,7 @@ from launcher.inspection.hostspec import load_host_spec
 from launcher.plan.capacity import usable_gpu_bytes
 from launcher.plan.planner import Workload, estimate_candidate, make_plan, partial_offload_candidate
 from launcher.units import fmt_bytes
-from tests.helpers import host_path
+from tests.helpers import errors, host_path, only
 
 RATIO = "zero_optimization.offload_optimizer.ratio"
 SUPER = "zero_optimization.offload_optimizer.super_offload"
@@ -28,17 +28,6 @@ CORES = "zero_optimization.offload_optimizer.cpuadam_cores_perc"
 MASTER = "bf16.bf16_master_weights_and_grads"
 STATES = "bf16.bf16_optimizer_states"
 ZENFLOW = "zero_optimization.zenflow"
-
-
-def only(findings, path):
-    """The findings at `path`; exactly one, so a check and the schema never report the same thing twice."""
-    at = [f for f in findings if f.path == path]
-    assert len(at) == 1, [str(f) for f in findings]
-    return at[0]
-
-
-def errors(findings):
-    return [str(f) for f in findings if f.level == "error"]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,3 +169,23 @@ def check_run(
     assert ds_config["zero_optimization"]["stage"] == stage
     assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
     return run
+
+
+def swapping_model(tiny_model: Path, folder: Path) -> tuple[Path, Path]:
+    """(a variant of the tiny model that DeepSpeed really swaps, an empty NVMe folder), both under `folder`;
+    skips the test where DeepSpeed's async_io is not usable. DeepSpeed keeps tensors under 1 MiB (MIN_AIO_BYTES) in
+    memory: a 4096 x 256 embedding (2 MiB in bf16) and ~3.3 M parameters in all really swap."""
+    from transformers import AutoConfig
+
+    from launcher.inspection.host import aio_usable
+
+    if not aio_usable():
+        pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
+    model = folder / "model"
+    shutil.copytree(tiny_model, model)
+    config = AutoConfig.from_pretrained(model)
+    config.vocab_size, config.hidden_size, config.intermediate_size = 4096, 256, 512
+    config.save_pretrained(model)
+    nvme = folder / "nvme"
+    nvme.mkdir()
+    return model, nvme

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from launcher.inspection.model import inspect_model
 from launcher.plan import memory
 from launcher.plan.capacity import partial_offload_sub_group_size
-from tests.e2e.conftest import check_run, read_metrics, run_launch
+from tests.e2e.conftest import check_run, read_metrics, run_launch, swapping_model
 
 pytestmark = pytest.mark.e2e
 
@@ -82,22 +81,9 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
 def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
     """DeepSpeed's PipelinedOptimizerSwapper (capacity [DS-pipe]) on this accelerator: a user's config that pipelines
     the swaps of several small sub-groups (the planner pipelines only sub-groups of 10 M elements or more, so its own
-    choice shows on large models: tests/plan/test_states_and_zenflow.py)."""
-    from launcher.inspection.host import aio_usable
-
-    if not aio_usable():
-        pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
-    from transformers import AutoConfig
-
-    # DeepSpeed swaps only sub-groups of MIN_AIO_BYTES (1 MiB) or more: a 3.3 M-parameter variant in ~300 k-element
-    # sub-groups (1.2 MB of fp32 each) swaps every one of them
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model, model)
-    config = AutoConfig.from_pretrained(model)
-    config.vocab_size, config.hidden_size, config.intermediate_size = 4096, 256, 512
-    config.save_pretrained(model)
-    nvme = tmp_path / "nvme"
-    nvme.mkdir()
+    choice shows on large models: tests/plan/test_offload_modes.py)."""
+    # ~300 k-element sub-groups (1.2 MB of fp32 each) of the swapping variant: every one of them swaps
+    model, nvme = swapping_model(tiny_model, tmp_path)
     config = tmp_path / "ds.json"
     config.write_text(
         json.dumps(

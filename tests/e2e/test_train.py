@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import check_run, launch_args, read_metrics, run_launch
+from tests.e2e.conftest import check_run, launch_args, read_metrics, run_launch, swapping_model
 
 pytestmark = pytest.mark.e2e
 
@@ -53,20 +52,7 @@ def test_zero3_optimizer_and_params_on_cpu_then_export_and_reload(tiny_model, ti
 
 
 def test_zero3_optimizer_and_params_on_nvme(tiny_model, tiny_data, tmp_path):
-    from launcher.inspection.host import aio_usable
-
-    if not aio_usable():
-        pytest.skip("DeepSpeed async_io is not usable here: install libaio-dev (make install does, as root)")
-    from transformers import AutoConfig
-
-    # DeepSpeed keeps tensors under 1 MiB in memory; a 4096 x 256 embedding (2 MiB in bf16) really swaps.
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model, model)
-    config = AutoConfig.from_pretrained(model)
-    config.vocab_size, config.hidden_size, config.intermediate_size = 4096, 256, 512
-    config.save_pretrained(model)
-    nvme = tmp_path / "nvme"
-    nvme.mkdir()
+    model, nvme = swapping_model(tiny_model, tmp_path)
     out = tmp_path / "run"
     args = ["--steps", "10", "--zero-stage", "3", "--offload-optimizer", "nvme", "--offload-param", "nvme"]
     run_launch(model, tiny_data, out, *args, "--nvme-path", str(nvme))

@@ -15,7 +15,7 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan import memory
-from launcher.plan.capacity import size_buckets, usable_gpu_bytes
+from launcher.plan.capacity import model_shape, size_buckets, usable_gpu_bytes
 from launcher.plan.memory import Strategy
 from launcher.plan.planner import Workload, estimate_candidate, make_plan
 from tests.helpers import host_path
@@ -100,7 +100,7 @@ def test_80gb_keeps_the_largest_share_that_fits(llama7b):
     assert chosen.memory.gpu_bytes_per_device <= usable_gpu_bytes(a100)
     # one more sub-group on the GPU would not fit
     buckets = size_buckets(llama7b, a100, chosen.strategy, 1, 1)
-    groups = len(memory.stage3_subgroups(memory.ModelShape(**shape_fields(llama7b)), 1, buckets.sub_group_size))
+    groups = len(memory.stage3_subgroups(model_shape(llama7b, buckets), 1, buckets.sub_group_size))
     kept = memory.gpu_subgroup_count(groups, chosen.strategy.offload_ratio)
     more = Strategy(3, "cpu", offload_ratio=memory.ratio_keeping(kept + 1, groups))
     assert not estimate_candidate(llama7b, a100, plan.workload, more, plan.rates, 1, 1).fits
@@ -114,19 +114,6 @@ def test_80gb_keeps_the_largest_share_that_fits(llama7b):
     dsconfig.validate(config, 1)  # the JSON Schema and DeepSpeed's own models
     assert strategy_of(config) == chosen.strategy
     assert chosen.strategy.to_json()["offload_ratio"] == chosen.strategy.offload_ratio
-
-
-def shape_fields(model):
-    return dict(
-        params=model.params,
-        largest_param_numel=model.largest_param_numel,
-        layer_params=model.layer_params,
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        vocab_size=model.vocab_size,
-        persistent_params=0,
-        param_numels=model.param_numels,
-    )
 
 
 def test_no_partial_offload_where_the_gpu_has_no_room_or_needs_no_offload(llama7b):
