@@ -109,6 +109,7 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     from launcher.plan.build import build_plan
 
     started = time.monotonic()
+    chosen = training.keep_checkpoint_strategy(chosen, warn)
     plan = build_plan(chosen)  # cached rates: every input the plan reads is checked before anything is measured
     if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
         plan = build_plan(chosen, measure=True, log=warn)

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.config.final import UserConfig
@@ -19,7 +19,7 @@ from launcher.errors import Stopped, UserInputError
 from launcher.job import launch, preflight, prepare, rundir
 from launcher.job.prepare import Job
 from launcher.plan.planner import Plan
-from launcher.settings import Settings
+from launcher.settings import Settings, declaration
 
 Warn = Callable[[str], None]
 
@@ -98,6 +98,36 @@ def prepare_run(
         raise
     finished = check.step == job.spec.steps and (out / rundir.SUMMARY_FILE).is_file()
     return PreparedRun(job.plan, job, out, check.step, finished, folder.lock)
+
+
+# The settings the plan chooses when left at "auto" that a checkpoint fixes (run_identity's names and values).
+KEPT_ON_RESUME = ("zero_stage", "offload_optimizer", "offload_param", "precision")
+
+
+def keep_checkpoint_strategy(settings: Settings, warn: Warn) -> Settings:
+    """A run that will resume OUT's newest complete checkpoint keeps that checkpoint's ZeRO stage, offload
+    devices and precision wherever the user left them to the plan ("auto"): the plan may choose differently
+    today (finished runs calibrate it, rates get measured, memory is freed), and a checkpoint resumes only under
+    the strategy that wrote it (rundir.resume_changes), so "rerun the same command" must mean the same strategy.
+    A kept value that the other settings contradict is left to the resume check, which names what differs."""
+    out = output_dir(settings)
+    previous = (rundir.read_marker(out) or {}).get("run") if settings.resume else None
+    if not previous or not (step := rundir.newest_checkpoint_step(out)):
+        return settings
+    kept = {
+        name: str(previous[name])
+        for name in KEPT_ON_RESUME
+        if getattr(settings, name) == "auto" and str(previous.get(name)) in declaration(name).choices
+    }
+    if not kept:
+        return settings
+    try:
+        resumed = replace(settings, **kept)
+    except UserInputError:
+        return settings
+    said = ", ".join(f"{declaration(name).flag} {value}" for name, value in kept.items())
+    warn(f"resuming {out} after step {step}: keeping its checkpoint's {said} (--no-resume plans afresh)")
+    return resumed
 
 
 def needs_rates(plan: Plan, settings: Settings) -> bool:

@@ -196,3 +196,25 @@ def test_prepare_run_says_once_how_the_ranks_are_bound(monkeypatch):
         run = train.prepare_run(build_plan(s), s, user=None, launcher_args=(), warn=notes.append)
         assert [note for note in notes if "numactl" in note] == [next(n for n in notes if said in n)]
         assert ("--bind_cores_to_rank" in run.command) is installed
+
+
+def test_a_resume_keeps_the_checkpoints_strategy_where_the_plan_chooses(tmp_path):
+    """The plan may choose another strategy today (a finished run calibrated it, CI found that): the same command
+    must still resume, so what the user left at "auto" follows the checkpoint; what they typed does not."""
+    finished_run(tmp_path, steps=4, zero_stage="3", offload_optimizer="cpu", offload_param="cpu")
+    assert build_plan(demo_settings(steps=6)).chosen.strategy.zero_stage != 3  # today's plan differs
+    said: list = []
+    kept = train.keep_checkpoint_strategy(demo_settings(steps=6), said.append)
+    assert (kept.zero_stage, kept.offload_optimizer, kept.offload_param) == ("3", "cpu", "cpu")
+    assert said == [
+        "resuming out after step 4: keeping its checkpoint's --zero-stage 3, --offload-optimizer cpu, "
+        "--offload-param cpu, --precision bf16 (--no-resume plans afresh)"
+    ]
+    with prepare_run(kept) as run:
+        assert run.resume_from == 4 and run.plan.chosen.strategy.zero_stage == 3
+    typed = train.keep_checkpoint_strategy(demo_settings(steps=6, zero_stage="1"), said.append)
+    assert typed.zero_stage == "1" and typed.offload_optimizer == "auto"  # stage 1 with param->cpu contradicts
+    with pytest.raises(UserInputError, match=r"--zero-stage is 1 \(the checkpoint's run used 3\)"):
+        prepare_run(typed)
+    fresh = demo_settings(steps=6, resume=False)
+    assert train.keep_checkpoint_strategy(fresh, said.append) is fresh and len(said) == 1
