@@ -29,6 +29,7 @@ PRECISIONS = ("auto", "bf16", "fp16")
 ZERO_STAGES = ("auto", "1", "2", "3")
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm")
 OPTIMIZER_STATES = ("fp32", "bf16")
+DATA_FORMATS = ("auto", "chat", "instruction", "prompt", "pairs", "text")  # launcher/data/formats.py FORMATS
 
 
 class Group(str, Enum):
@@ -206,6 +207,47 @@ class Settings:
         kind=Kind.PATH,
     )
     text_field: str = setting("text", "Field holding the text.", group=Group.TRAIN)
+    data_format: str = setting(
+        "auto",
+        "What the records hold: chat (messages), instruction (instruction, input, output), prompt (prompt, "
+        "completion), pairs (source, target or input, output), text [default: told from the fields].",
+        group=Group.TRAIN,
+        choices=DATA_FORMATS,
+    )
+    chat_template: str | None = setting(
+        None,
+        "A Jinja chat template to render 'messages' with, replacing the tokenizer's (or where it has none).",
+        group=Group.TRAIN,
+        metavar="FILE",
+        kind=Kind.PATH,
+        file=True,
+    )
+    train_on_prompt: bool = setting(
+        False,
+        "Put loss on the prompts of chat, instruction and prompt data too [default: only on the responses].",
+        group=Group.TRAIN,
+    )
+    eval_data: str | None = setting(
+        None,
+        "Held-out data in the training data's format: its loss is computed every --eval-every steps and at the end.",
+        group=Group.TRAIN,
+        metavar="PATH",
+        kind=Kind.PATH,
+    )
+    eval_fraction: float | None = setting(
+        None,
+        "Hold out this share of the training data's rows (0 < F < 1) for an eval loss instead of --eval-data.",
+        group=Group.TRAIN,
+        metavar="F",
+        positive=True,
+    )
+    eval_every: int = setting(
+        0,
+        "With --eval-data or --eval-fraction: eval loss every N optimizer steps (0: at each checkpoint) and at the "
+        "end.",
+        group=Group.TRAIN,
+        minimum=0,
+    )
     tokenizer: str | None = setting(
         None, "Tokenizer source when the model folder has none.", group=Group.TRAIN, metavar="ID|DIR", kind=Kind.MODEL
     )
@@ -483,6 +525,16 @@ def _smoke_is_not_a_dry_run(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _one_eval_source(values: Mapping[str, object]) -> str | None:
+    """Held-out loss comes from one place: a file of its own, or a share of the training rows."""
+    fraction = values.get("eval_fraction")
+    if values.get("eval_data") and fraction is not None:
+        return "--eval-data and --eval-fraction both name held-out data; pass one"
+    if fraction is not None and not 0 < fraction < 1:
+        return f"--eval-fraction must be between 0 and 1, got {fraction:g}"
+    return None
+
+
 CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _model_given,
     _offload_needs_zero3,
@@ -495,6 +547,7 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,
+    _one_eval_source,
 )
 
 

@@ -235,7 +235,7 @@ def verify(out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO))
-    from launcher.data.blocks import load_token_blocks
+    from launcher.data.blocks import Tokenization, load_token_set
     from launcher.data.sources import inspect_data
 
     model_dir = out / "tiny-llama"
@@ -244,9 +244,10 @@ def verify(out: Path) -> None:
     assert config.vocab_size == len(tokenizer), (config.vocab_size, len(tokenizer))
     model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())
-    blocks = load_token_blocks(inspect_data(str(out / "data" / "train.jsonl")), tokenizer, seq_len=128)
+    rows = load_token_set(inspect_data(str(out / "data" / "train.jsonl")), tokenizer, Tokenization(seq_len=128))
+    blocks = rows.arrays["input_ids"]
     with torch.no_grad():
-        loss = model(input_ids=torch.as_tensor(blocks[:2]), labels=torch.as_tensor(blocks[:2])).loss
+        loss = model(**{name: torch.as_tensor(array) for name, array in rows.inputs([0, 1]).items()}).loss
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         print(f"{path.relative_to(out)}: {path.stat().st_size:,} bytes")
     print(f"tokenizer: {len(tokenizer)} tokens, eos={tokenizer.eos_token!r} ({tokenizer.eos_token_id})")

@@ -27,10 +27,12 @@ Examples:
 @click.pass_context
 @user_errors
 def check(ctx: click.Context, config_file: str, **values) -> None:
-    """Lint an existing ds_config for a model and host: unknown keys (with the nearest valid one), type
-    errors with their JSON path, float sizes DeepSpeed needs as integers, renamed aio keys, swap buffers
-    smaller than the largest parameter, batch arithmetic, and offload that will not fit this host's RAM or
-    disk. Exit 0 when there is no error (warnings allowed), 2 otherwise."""
+    """Lint an existing ds_config for a model and host, as DeepSpeed reads it: errors for what DeepSpeed refuses
+    or misreads (unknown keys in its config models, with the nearest valid one; type errors with their JSON path;
+    fractional sizes; swap buffers smaller than the largest parameter; batch arithmetic; offload that will not
+    fit this host's RAM or disk), warnings for what it silently ignores (keys it never reads, renamed aio keys,
+    keys the configured stage does not use), notes for values it reads differently from how they are written
+    (1e9 read as the integer 1000000000). Exit 0 when there is no error, 2 otherwise."""
     from launcher.config.check import check_config
 
     result = check_config(config_file, typed_values(ctx, values))
@@ -41,8 +43,8 @@ def check(ctx: click.Context, config_file: str, **values) -> None:
             click.echo(str(finding))
         plan = result.plan
         click.echo(
-            f"{config_file}: {result.errors} error(s), {result.warnings} warning(s) for {plan.model.name} at world "
-            f"size {plan.world_size} on {plan.host.source} host"
+            f"{config_file}: {result.errors} error(s), {result.warnings} warning(s), {result.notes} note(s) for "
+            f"{plan.model.name} at world size {plan.world_size} on {plan.host.source} host"
         )
     if result.errors:
         raise ToolError(f"{config_file} has {result.errors} error(s); see above", 2)

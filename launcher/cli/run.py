@@ -109,11 +109,13 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     from launcher.plan.build import build_plan
 
     started = time.monotonic()
-    chosen = training.keep_checkpoint_strategy(chosen, warn)
+    chosen, kept = training.keep_checkpoint_strategy(chosen)
     plan = build_plan(chosen)  # cached rates: every input the plan reads is checked before anything is measured
     if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
         plan = build_plan(chosen, measure=True, log=warn)
     prepared = training.prepare_run(plan, chosen, user=user, launcher_args=launcher_args, warn=warn)
+    if kept and prepared.resume_from:
+        warn(kept)
     if prepared.job is None:
         show_plan(prepared.plan, None, chosen.json)
     with prepared:  # a real run holds the output folder's lock until it ends
@@ -151,9 +153,17 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     click.echo(
         f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
         f"{speed}, optimizer {summary['optimizer']}; {summary['wall_seconds']:.0f} s in the training loop, "
-        f"{summary['command_seconds']:.0f} s for the whole command\n"
-        f"model: {summary['final_dir']} (AutoModelForCausalLM.from_pretrained)"
+        f"{summary['command_seconds']:.0f} s for the whole command"
     )
+    if summary.get("tokens"):
+        tokens = summary["tokens"]
+        click.echo(
+            f"tokens: {tokens['trained']:,} trained, {tokens['masked']:,} read without loss (prompts, document starts)"
+        )
+    if summary.get("eval_loss") is not None:
+        rows = summary.get("data", {}).get("eval_rows", 0)
+        click.echo(f"eval loss: {summary['eval_loss']:.4f} on {rows:,} held-out rows")
+    click.echo(f"model: {summary['final_dir']} ({summary.get('model_class', 'AutoModelForCausalLM')}.from_pretrained)")
     for name, ratio in summary.get("ratios", {}).items():
         click.echo(f"measured / predicted {name}: {ratio:.2f}")
 

@@ -17,7 +17,7 @@ BATCH_PINS = ("micro_batch", "grad_accum")  # what the config fixes for the memo
 class CheckResult:
     file: str
     plan: Plan
-    findings: list  # launcher.config.lint.Finding, errors and warnings in the order found
+    findings: list  # launcher.config.lint.Finding, errors, warnings and notes in the order found
 
     @property
     def errors(self) -> int:
@@ -25,13 +25,19 @@ class CheckResult:
 
     @property
     def warnings(self) -> int:
-        return len(self.findings) - self.errors
+        return sum(f.level == "warning" for f in self.findings)
+
+    @property
+    def notes(self) -> int:
+        return sum(f.level == "note" for f in self.findings)
 
     def to_json(self) -> dict:
         return {
             "file": self.file,
             "world_size": self.plan.world_size,
             "errors": self.errors,
+            "warnings": self.warnings,
+            "notes": self.notes,
             "findings": [f.to_json() for f in self.findings],
         }
 

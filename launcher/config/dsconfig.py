@@ -199,7 +199,8 @@ def _schema_validator():
 
     schema = json.loads(SCHEMA_PATH.read_text())
     # JSON Schema counts 5e8 as an integer; DeepSpeed reads some int keys as raw dict values and keeps the
-    # float (FIELD-NOTES: "Integer fields reject floats"), so only real integers pass here.
+    # float (FIELD-NOTES: "Integer fields reject floats"), so only real integers pass here. Its config models
+    # read 5e8 as the integer: the lint converts those first (reads.py), and the merge writes the integer.
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
     return jsonschema.validators.extend(base, type_checker=checker)(schema)
@@ -216,13 +217,16 @@ def schema_errors(config: dict) -> list[str]:
 
 def deepspeed_errors(config: dict) -> list[str]:
     """Parse with DeepSpeed's own DeepSpeedConfig (pydantic models, batch arithmetic, sanity checks).
-    Outside a launched job DeepSpeed assumes world size 1, so train_batch_size is left for it to derive
-    (our own check covers train_batch_size = micro x accumulation x world)."""
+    Outside a launched job DeepSpeed assumes world size 1, so with a micro-batch train_batch_size is left for it
+    to derive (our own check covers train_batch_size = micro x accumulation x world); without one it is kept, as
+    DeepSpeed then derives the micro-batch from it (runtime/config.py _set_batch_related_parameters) and needs one
+    of the two."""
     import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     probe = copy.deepcopy(config)
-    probe.pop("train_batch_size", None)
+    if "train_micro_batch_size_per_gpu" in probe:
+        probe.pop("train_batch_size", None)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             DeepSpeedConfig(probe)
@@ -245,11 +249,26 @@ def batch_errors(config: dict, world_size: int) -> list[str]:
     return []
 
 
-def validate(config: dict, world_size: int, cache_dir: Path | None = None) -> None:
+def _without(config: dict, paths) -> dict:
+    """`config` without the keys at `paths` (dotted), for the schema check."""
+    probe = copy.deepcopy(config)
+    for path in paths:
+        *parents, key = path.split(".")
+        node = probe
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return probe
+
+
+def validate(config: dict, world_size: int, cache_dir: Path | None = None, ignored: tuple[str, ...] = ()) -> None:
     """Schema and batch arithmetic always; then DeepSpeed's own models - skipped when `cache_dir` records
     that this exact config already passed them under this DeepSpeed version (importing DeepSpeed costs
-    seconds; a repeated dry run needs none of them)."""
-    problems = schema_errors(config) + batch_errors(config, world_size)
+    seconds; a repeated dry run needs none of them). `ignored`: keys of a user's config that DeepSpeed accepts and
+    ignores (lint.ignored_paths, each a lint warning), left out of the schema check, which refuses them on purpose;
+    DeepSpeed's own parse still sees them."""
+    problems = schema_errors(_without(config, ignored) if ignored else config) + batch_errors(config, world_size)
     marker = _validated_marker(config, cache_dir) if cache_dir and not problems else None
     if not problems and not (marker and marker.exists()):
         problems = deepspeed_errors(config)

@@ -37,7 +37,9 @@ class UserConfig:
 @dataclass(frozen=True)
 class FinalConfig:
     config: dict
-    warnings: tuple[str, ...]  # lint warnings about the user's config, each starting with its file name
+    # lint warnings about the user's config, each starting with its file name; its notes (a value DeepSpeed reads
+    # differently from how it is written, 1e9 as 1000000000) are `check`'s: the config written says the integer
+    warnings: tuple[str, ...]
 
 
 def read_user_config(path: str, *, duplicates_ok: bool = False) -> UserConfig:
@@ -79,14 +81,17 @@ def final_config(
     NVMe offload swaps into `swap_dir` (the run's own folder on the drive); validated."""
     config = dsconfig.render(plan, nvme_path=swap_dir)
     warnings: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
     if user is not None:
+        from launcher.config.lint import ignored_paths
         from launcher.config.merge import apply_user_config
 
         config, findings = apply_user_config(user.config, config, plan)
-        warnings = tuple(f"{user.path}: {finding}" for finding in findings)
+        warnings = tuple(f"{user.path}: {finding}" for finding in findings if finding.level == "warning")
+        ignored = tuple(ignored_paths(config))  # warned about above; the schema refuses them on purpose
         for section in OFFLOAD_SECTIONS:  # the user's nvme_path names the drive; the run swaps into its own folder
             offload = config.get("zero_optimization", {}).get(section, {})
             if swap_dir and offload.get("device") == "nvme":
                 offload["nvme_path"] = swap_dir
-    dsconfig.validate(config, plan.world_size, cache_dir=cache_dir)
+    dsconfig.validate(config, plan.world_size, cache_dir=cache_dir, ignored=ignored)
     return FinalConfig(config, warnings)

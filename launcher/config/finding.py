@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class Finding:
-    level: str  # "error" | "warning"
+    # "error": DeepSpeed refuses it or misreads it; "warning": it accepts it and silently does not do what it says;
+    # "note": it reads the value differently from how it is written (1e9 in an integer field as 1000000000)
+    level: str
     path: str  # JSON path such as "zero_optimization.offload_param.buffer_size"; "" = the whole config
     message: str
 

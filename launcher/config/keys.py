@@ -22,7 +22,7 @@ from functools import cache
 from launcher.config import dsconfig
 from launcher.deepspeed_logging import import_deepspeed
 from launcher.plan import memory
-from launcher.plan.capacity import model_shape, size_buckets
+from launcher.plan.capacity import aligned_partition_numel, model_shape, size_buckets
 from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
 from launcher.plan.planner import Plan
 
@@ -41,9 +41,10 @@ SECTION_MODELS = {
     "compile": ("deepspeed.compile.config", "CompileConfig"),
     "tensor_parallel": ("deepspeed.runtime.tensor_parallel.config", "TPTrainingConfig"),
     "weight_quantization": ("deepspeed.inference.config", "WeightQuantConfig"),
+    "timers.throughput": ("deepspeed.utils.config", "DeepSpeedThroughputTimerConfig"),  # get_timers_config
     "": ("deepspeed.monitor.config", "DeepSpeedMonitorConfig"),
 }
-# Old or foreign names for a key, and why: DeepSpeed ignores them silently (FIELD-NOTES).
+# Old or foreign names for a key, and why: DeepSpeed ignores them silently (FIELD-NOTES), so they are warnings.
 RENAMED_KEYS = {
     ("aio", "thread_count"): ("intra_op_parallelism", "renamed in DeepSpeed 0.16.4; newer versions ignore it"),
     ("aio", "num_threads"): ("intra_op_parallelism", "ds_nvme_tune prints num_threads; DeepSpeed ignores it"),
@@ -82,6 +83,34 @@ def _top_level_reads(module) -> set[str]:
 
 
 @cache
+def section_models() -> dict[str, type]:
+    """The DeepSpeed pydantic model that parses each section path ("" = the monitor config's top-level
+    sections), nested models included (offload_param, zenflow, tensorboard ...)."""
+    import_deepspeed()
+    found: dict[str, type] = {}
+
+    def add_model(path: str, model) -> None:
+        found[path] = model
+        for name, field in model.model_fields.items():
+            nested = _config_model(field.annotation)
+            for key in ({name} | ({field.alias} if field.alias else set())) if nested is not None else ():
+                add_model(f"{path}.{key}" if path else key, nested)
+
+    for path, (module, name) in SECTION_MODELS.items():
+        add_model(path, getattr(importlib.import_module(module), name))
+    return found
+
+
+def refuses_unknown_keys(section: str) -> bool:
+    """Whether DeepSpeed refuses an unknown key in this section (else it ignores it). Sections its pydantic
+    models parse refuse one (runtime/config_utils.py DeepSpeedConfigModel: extra="forbid"), and so do a
+    scheduler's params, which become the scheduler's keyword arguments (engine.py `_scheduler_from_config`:
+    TypeError). The top level and the sections DeepSpeedConfig reads key by key with dict.get (aio,
+    optimizer, scheduler, activation_checkpointing, flops_profiler, checkpoint ...) ignore it."""
+    return bool(section) and (section in section_models() or section == "scheduler.params")
+
+
+@cache
 def known_keys() -> dict[str, frozenset[str]]:
     """Valid keys per section path ("" = top level, "zero_optimization.offload_param", "aio" ...)."""
     import_deepspeed()
@@ -90,19 +119,10 @@ def known_keys() -> dict[str, frozenset[str]]:
     from deepspeed.runtime.swap_tensor import constants as aio
 
     sections: dict[str, set[str]] = {}
-
-    def add_model(path: str, model) -> None:
+    for path, model in section_models().items():
         keys = sections.setdefault(path, set())
         for name, field in model.model_fields.items():
-            names = {name} | ({field.alias} if field.alias else set())  # populate_by_name: both are accepted
-            keys |= names
-            nested = _config_model(field.annotation)
-            if nested is not None:
-                for key in names:
-                    add_model(f"{path}.{key}" if path else key, nested)
-
-    for path, (module, name) in SECTION_MODELS.items():
-        add_model(path, getattr(importlib.import_module(module), name))
+            keys |= {name} | ({field.alias} if field.alias else set())  # populate_by_name: both are accepted
     sections["aio"] = {
         value
         for name, value in vars(aio).items()
@@ -113,7 +133,8 @@ def known_keys() -> dict[str, frozenset[str]]:
     # Top level: what DeepSpeedConfig reads, its pydantic sections, and the schema's top level (built from the
     # same source; covers keys read elsewhere, e.g. sequence_parallel_size in deepspeed.initialize).
     schema_top = dsconfig._schema_validator().schema["properties"]
-    sections[""] |= _top_level_reads(ds_config) | set(SECTION_MODELS) | {"aio", "optimizer", "scheduler"}
+    sections[""] |= _top_level_reads(ds_config) | {"aio", "optimizer", "scheduler"}
+    sections[""] |= {path for path in SECTION_MODELS if "." not in path}
     sections[""] |= {key for key, sub in schema_top.items() if "not" not in sub}
     sections[""] -= set(removed_keys().get("", {})) | {""}
     sections["zero_optimization"] -= set(removed_keys().get("zero_optimization", {}))
@@ -256,7 +277,11 @@ def config_buckets(config: dict, plan: Plan, strategy: Strategy, world: int, ran
             zero_model,
             planned.param_persistence_threshold,
         ),
-        sub_group_size=_pick(zero, ("sub_group_size",), zero_model, planned.sub_group_size),
+        sub_group_size=_pick(zero, ("sub_group_size",), zero_model, planned.sub_group_size)
+        # stage3.py `_create_fp16_sub_groups` closes a sub-group once it holds sub_group_size elements: 0 (axolotl's
+        # ZeRO-3 configs) makes every tensor its own sub-group. Sized as groups of the largest tensor's partition,
+        # which memory.py's sub-group bound can count (it divides by the size, and enumerates partition / size)
+        or aligned_partition_numel(plan.model.largest_param_numel, world),
         optimizer_buffer_count=_pick(optimizer, ("buffer_count",), optimizer_model, planned.optimizer_buffer_count),
         param_buffer_count=_pick(param, ("buffer_count",), param_model, planned.param_buffer_count),
         param_buffer_size=_pick(param, ("buffer_size",), param_model, planned.param_buffer_size),

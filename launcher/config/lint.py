@@ -1,9 +1,12 @@
-"""Lint a user's existing ds_config against a model + host plan.
+"""Lint a user's existing ds_config against a model + host plan, judged as DeepSpeed reads it.
 
-`lint()` collects every problem as a `Finding` (never raises on a bad config): unknown, removed and renamed
-keys with the nearest valid key; type errors from the shipped JSON Schema; cross-field rules; the newer
-offload modes' constraints (partial offload `offload_optimizer.ratio`, 16-bit master weights and optimizer
-states, SuperOffload, ZenFlow), each mirroring where DeepSpeed 0.19.8 refuses or ignores them; batch
+`lint()` collects every problem as a `Finding` (never raises on a bad config). Levels follow DeepSpeed 0.19.8: an
+error is something it refuses (at parse or at init) or misreads, a warning something it accepts that silently does
+not do what it says, a note a value it reads differently from how it is written (1e9 as the integer 1000000000).
+The rules: the keys (lint_keys.py: unknown, removed, renamed and deprecated keys with the nearest valid key, and
+zero_optimization keys the configured stage never reads); type errors from the shipped JSON Schema, after the values
+DeepSpeed's models convert are converted (reads.py); cross-field rules; the newer offload modes' constraints
+(lint_modes.py: partial offload, 16-bit master weights and optimizer states, SuperOffload, ZenFlow); batch
 arithmetic; NVMe swap-buffer sizes; whether the offload the config describes fits the host (sized with the
 planner's own memory model), and whether a full optimizer offload leaves a partial one's predicted win unused;
 and last, DeepSpeed's own parse when nothing else is wrong.
@@ -22,7 +25,6 @@ from launcher.config.finding import Finding
 from launcher.config.keys import (
     _MISSING,
     BATCH_KEYS,
-    RENAMED_KEYS,
     _configured_device,
     _dict,
     _get,
@@ -30,13 +32,15 @@ from launcher.config.keys import (
     _is_auto,
     _stage,
     _zero_models,
-    deprecated_keys,
     estimate_config,
     known_keys,
-    removed_keys,
+    refuses_unknown_keys,
+    section_models,
     strategy_of,
 )
+from launcher.config.lint_keys import ignored_key_message, key_findings, stage_findings
 from launcher.config.lint_modes import _offload_mode_findings, _unused_gpu_findings
+from launcher.config.reads import as_deepspeed_reads, is_model_field
 from launcher.errors import UserInputError, unknown_key_message
 from launcher.plan.capacity import (
     aligned_partition_numel,
@@ -55,56 +59,25 @@ PORTED_SCHEMA_RULES = frozenset(
 )
 
 
-# ------------------------------------------------------------------------------------------ keys
-
-
-def _key_findings(config: dict) -> list[Finding]:
-    findings = []
-    for section, valid in known_keys().items():
-        value = _get(config, section)
-        if not isinstance(value, dict):
-            continue
-        for key in map(str, value):
-            path = f"{section}.{key}" if section else key
-            where = f"'{section}'" if section else "the top level"
-            if (section, key) in RENAMED_KEYS:
-                new, why = RENAMED_KEYS[(section, key)]
-                if new in value:
-                    findings.append(Finding("error", path, f"old name of {new} ({why}); remove it, {new} is set"))
-                else:
-                    fix = f'write "{new}": {value[key]!r}'
-                    findings.append(Finding("error", path, f"old name of {new} ({why}); {fix}"))
-            elif key in removed_keys().get(section, {}):
-                why = removed_keys()[section][key].strip()
-                findings.append(Finding("error", path, f"removed from DeepSpeed, which refuses it: {why}"))
-            elif key not in valid:
-                findings.append(Finding("error", path, unknown_key_message(key, valid, where)))
-            elif key in deprecated_keys().get(section, {}):
-                new = deprecated_keys()[section][key]
-                findings.append(Finding("warning", path, "deprecated in DeepSpeed" + (f"; use {new}" if new else "")))
-    return findings
-
-
 # ------------------------------------------------------------------------------------------ schema
 
 
-def _schema_findings(config: dict, covered: set[str]) -> list[Finding]:
+def _schema_findings(config: dict, covered: set[str], named: set[str] = frozenset()) -> list[Finding]:
     """Type, range and enum errors from the shipped schema, each with its JSON path. Unknown keys in sections
-    `_key_findings` checks are left to it (DeepSpeed's models win where the schema lags); the schema's
-    top-level cross-field rules are ported to `_cross_field_findings` with clearer messages."""
+    `key_findings` checks are left to it (DeepSpeed's models win where the schema lags), and so is the schema's
+    refusal of a key it names (`named`: "thread_count": {"not": {}}, which DeepSpeed ignores: a warning); the
+    schema's top-level cross-field rules are ported to `_cross_field_findings` with clearer messages."""
     findings = []
     for error in dsconfig._schema_validator().iter_errors(config):
         where = ".".join(str(p) for p in error.absolute_path)
         rule = _rule_description(error)  # the if/then rule the error comes from, when it has one
-        if rule in PORTED_SCHEMA_RULES:
-            continue  # see _offload_mode_findings
+        if rule in PORTED_SCHEMA_RULES or (error.validator == "not" and where in named):
+            continue  # see _offload_mode_findings, lint_keys.key_findings
         if error.validator == "additionalProperties":
             if where in known_keys():
                 continue
             allowed = error.schema.get("properties", {})
-            for key in (str(k) for k in error.instance if k not in allowed):
-                section = f"'{where}'" if where else "the top level"
-                findings.append(Finding("error", _join(where, key), unknown_key_message(key, allowed, section)))
+            findings += [_schema_unknown(where, str(k), allowed) for k in error.instance if k not in allowed]
         elif error.validator == "required":
             missing = next((r for r in error.validator_value if r not in error.instance), "")
             findings.append(Finding("error", _join(where, missing), rule or "is required here"))
@@ -123,6 +96,16 @@ def _schema_findings(config: dict, covered: set[str]) -> list[Finding]:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def _schema_unknown(section: str, key: str, allowed) -> Finding:
+    """An unknown key in a section whose keys only the schema lists: an error where DeepSpeed refuses it (a
+    scheduler's params become its keyword arguments), else a warning, as DeepSpeed reads these sections key by
+    key and ignores the rest (activation_checkpointing, flops_profiler, checkpoint ...: keys.refuses_unknown_keys)."""
+    where = f"'{section}'" if section else "the top level"
+    if refuses_unknown_keys(section):
+        return Finding("error", _join(section, key), unknown_key_message(key, allowed, where))
+    return Finding("warning", _join(section, key), ignored_key_message(key, allowed, where))
 
 
 def _rule_description(error) -> str | None:
@@ -144,6 +127,10 @@ def _rule_description(error) -> str | None:
     return rule
 
 
+def _model_of(path: str) -> str:
+    return section_models()[path.rpartition(".")[0]].__name__
+
+
 def _type_message(error) -> str:
     value = error.instance
     wants_int = any(
@@ -151,8 +138,22 @@ def _type_message(error) -> str:
         and "integer" in (e.validator_value if isinstance(e.validator_value, list) else [e.validator_value])
         for e in (error, *error.context)
     )
-    if wants_int and isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return f"{value!r} is a float where DeepSpeed needs an integer; write {int(value)}"
+    path = ".".join(str(p) for p in error.absolute_path)
+    if wants_int and isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        # pydantic's int_from_float (a config model), or the code that gets the plain float, refuses it
+        if is_model_field(path):
+            why = f"DeepSpeed's {_model_of(path)} refuses it ('got a number with a fractional part')"
+        else:
+            why = "where DeepSpeed needs an integer"
+        return f"{value!r} is not a whole number: {why}; write {int(value)}"
+    if wants_int and isinstance(value, float) and math.isfinite(value):
+        # 1e9 in a config model's field is the integer (reads.py: a note); DeepSpeed reads this key as written
+        # (runtime/config.py get_scalar_param, aio_config.py get_aio_config ...) and keeps the float, which the
+        # code that needs an integer refuses (torch's DataLoader for the micro-batch, the aio handle's pybind ints)
+        return (
+            f"{value!r} is a float, and DeepSpeed reads {path.rsplit('.', 1)[-1]} as written (no config model converts "
+            f"it), so it gets a float where it needs an integer; write {int(value)}"
+        )
     message = error.message
     if error.context:
         message += " (" + "; ".join(dict.fromkeys(e.message for e in error.context)) + ")"
@@ -171,12 +172,6 @@ def _cross_field_findings(config: dict) -> list[Finding]:
                 "fp16.enabled",
                 "fp16 and bf16 are both enabled; DeepSpeed allows one: keep bf16 on GPUs with compute "
                 "capability 8.0 or newer (and on the CPU accelerator), else fp16",
-            )
-        )
-    if "bf16" in config and "bfloat16" in config:
-        findings.append(
-            Finding(
-                "error", "bfloat16", "DeepSpeed ignores 'bfloat16' (the old name of bf16) when 'bf16' is set; remove it"
             )
         )
     op = config.get("gradient_allreduce_op")
@@ -200,12 +195,14 @@ def _offload_findings(config: dict, plan: Plan | None) -> list[Finding]:
 
 
 def _offload_stage_findings(stage: int, optimizer: str, param: str) -> list[Finding]:
-    """Offload the configured ZeRO stage does not run as asked: DeepSpeed ignores it, or keeps it in CPU RAM."""
+    """Offload the configured ZeRO stage does not run as asked: DeepSpeed ignores it, or keeps it in CPU RAM
+    (engine.py `_configure_zero_optimizer` hands offload_param to the ZeRO-3 optimizer only, offload_optimizer to the
+    ZeRO optimizer, which stage 0 does not build): warnings, as DeepSpeed accepts the config."""
     findings = []
     if param != "none" and stage < 3:
         findings.append(
             Finding(
-                "error",
+                "warning",
                 "zero_optimization.offload_param.device",
                 f"offload_param needs ZeRO stage 3 (only stage 3 partitions parameters); at stage {stage} "
                 "DeepSpeed ignores it and keeps every parameter on the GPU: set zero_optimization.stage to 3 "
@@ -215,7 +212,7 @@ def _offload_stage_findings(stage: int, optimizer: str, param: str) -> list[Find
     if optimizer != "none" and stage == 0:
         findings.append(
             Finding(
-                "error",
+                "warning",
                 "zero_optimization.offload_optimizer.device",
                 "offload_optimizer needs ZeRO stage 1 or higher; at stage 0 DeepSpeed ignores it: set "
                 "zero_optimization.stage",
@@ -385,8 +382,9 @@ def _deepspeed_findings(config: dict) -> list[Finding]:
 
 
 def lint(config: dict, plan: Plan | None, world_size: int, *, deepspeed: bool = True) -> list[Finding]:
-    """Every problem in a user's ds_config, errors and warnings, in a stable order; never raises for a bad
-    config. `plan` (from make_plan for the same model and host) adds the model- and host-specific checks: NVMe swap
+    """Every problem in a user's ds_config, errors, warnings and notes, in a stable order; never raises for a bad
+    config. It is judged as DeepSpeed reads it (reads.py: 1e9 in a model's integer field is the integer, a note).
+    `plan` (from make_plan for the same model and host) adds the model- and host-specific checks: NVMe swap
     buffer size, whether the config's offload fits the host, whether its partial-offload ratio keeps any sub-group
     on the GPU, the GPU a full optimizer offload leaves idle, and what needs a CUDA GPU. DeepSpeed's own parse
     (seconds: it imports DeepSpeed) runs last, only when `deepspeed` is true and nothing else is an error."""
@@ -394,15 +392,32 @@ def lint(config: dict, plan: Plan | None, world_size: int, *, deepspeed: bool = 
         raise UserInputError(f"world size must be at least 1, got {world_size}")
     if not isinstance(config, dict):
         return [Finding("error", "", f"a ds_config is a JSON object, got {type(config).__name__}")]
-    keys = _key_findings(config)
+    original, (config, notes) = config, as_deepspeed_reads(config)  # judged as DeepSpeed's models read it
+    keys = key_findings(config) + stage_findings(config)
     checks = _cross_field_findings(config) + _offload_findings(config, plan)
     checks += _offload_mode_findings(config, plan, world_size) + _batch_findings(config, world_size)
     if plan is not None:
         checks += _buffer_size_findings(config, plan, world_size) + _fit_findings(config, plan, world_size)
         checks += _unused_gpu_findings(config, plan, world_size)
-    findings = keys + _schema_findings(config, {f.path for f in keys + checks}) + checks
+    # a schema error the lint's own error at that key says better is dropped; a warning there does not hide one
+    covered = {f.path for f in keys + checks if f.level == "error"}
+    findings = keys + _schema_findings(config, covered, {f.path for f in keys}) + checks
     errors_at = {f.path for f in findings if f.level == "error"}
     findings = [f for f in findings if f.level == "error" or f.path not in errors_at]  # one line per key
+    findings += [f for f in notes if f.path not in {g.path for g in findings}]
     if deepspeed and not any(f.level == "error" for f in findings):
-        findings += _deepspeed_findings(config)
+        findings += _deepspeed_findings(original)
     return findings
+
+
+def ignored_paths(config: dict) -> list[str]:
+    """The keys of `config` DeepSpeed accepts and ignores, which the lint warns about (unknown keys outside its
+    models, renamed ones, 'bfloat16' beside 'bf16'): the JSON Schema, stricter on purpose, refuses them, so
+    dsconfig.validate leaves them out of its schema check of a user's config (final.py)."""
+    if not isinstance(config, dict):
+        return []
+    config, _ = as_deepspeed_reads(config)
+    keys = key_findings(config)
+    found = keys + _schema_findings(config, {f.path for f in keys if f.level == "error"}, {f.path for f in keys})
+    ignored = ("does nothing: DeepSpeed ignores", "old name of")  # lint_keys.py's messages for them
+    return sorted({f.path for f in found if f.level == "warning" and f.path and f.message.startswith(ignored)})

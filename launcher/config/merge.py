@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 
-from launcher.config.keys import _MISSING, BATCH_KEYS, _dict, _int, _is_auto
+from launcher.config.keys import _MISSING, BATCH_KEYS, _dict, _int, _is_auto, strategy_of
 from launcher.config.lint import Finding, lint
+from launcher.config.reads import as_deepspeed_reads
 from launcher.errors import UserInputError
 from launcher.plan.planner import Plan
 
@@ -43,6 +44,22 @@ def _fill_auto(value: object, generated: object, path: str, missing: list[str]) 
     return value
 
 
+def _plan_precision(merged: dict, user: dict, generated: dict) -> dict:
+    """The merged config with the plan's precision section added when the user's config left its precision to
+    "auto" (an "auto" fp16/bf16 `enabled`) and, filled, enables neither: "auto" asks for the run's precision, and
+    without a section that enables it DeepSpeed trains in fp32 (runtime/config.py get_bfloat16_config and
+    get_float16_config default to disabled), which the plan neither sizes nor loads the model in."""
+    sections = [name for name in ("fp16", "bf16", "bfloat16") if isinstance(user.get(name), dict)]
+    if not any(_is_auto(user[name].get("enabled")) for name in sections):
+        return merged
+    if any(_dict(merged.get(name)).get("enabled") is True for name in sections):
+        return merged
+    for name in ("bf16", "fp16"):
+        if name not in merged and _dict(generated.get(name)).get("enabled") is True:
+            merged[name] = copy.deepcopy(generated[name])
+    return merged
+
+
 def _exact(total: int | None, divisor: int | None) -> int | None:
     return total // divisor if total and divisor and total % divisor == 0 else None
 
@@ -50,7 +67,9 @@ def _exact(total: int | None, divisor: int | None) -> int | None:
 def merge_user_config(user: dict, generated: dict) -> dict:
     """The user's ds_config with the generated one's numbers where the user asked for them.
 
-    Decisions: the user's config is the base and every value the user set wins. A Hugging-Face-style
+    Decisions: the user's config is the base and every value the user set wins, written as DeepSpeed reads it
+    (reads.py: a config model's 1e9 becomes the integer 1000000000, which the schema and the launcher's own
+    readers take). A Hugging-Face-style
     "auto" at any depth (lists by index) is replaced by the generated config's value at the same path;
     an "auto" `enabled` flag whose section the generated config lacks becomes false (the plan did not
     enable it, as HF turns off the precision a run does not use); any other "auto" with no generated
@@ -58,12 +77,16 @@ def merge_user_config(user: dict, generated: dict) -> dict:
     added - the user's choices (stage, offload, buckets) stay theirs and `lint` reports what they lack -
     except the batch keys, which the launcher needs: absent ones are filled so that train_batch_size =
     micro x accumulation x world holds, keeping the user's values and taking the plan's micro-batch and
-    accumulation for the rest (the world size is the generated config's own quotient).
+    accumulation for the rest (the world size is the generated config's own quotient); and the plan's
+    precision section, when the user left the precision to "auto" and enables none: the Hugging Face docs'
+    configs set only `fp16.enabled: "auto"`, which a bf16 plan turns off, and without a `bf16` section
+    DeepSpeed would train in fp32, a precision the plan does not size (see _plan_precision).
     """
     if not isinstance(user, dict) or not isinstance(generated, dict):
         raise UserInputError("a ds_config must be a JSON object")
     missing: list[str] = []
-    merged = _fill_auto(user, generated, "", missing)
+    user, _ = as_deepspeed_reads(user)
+    merged = _plan_precision(_fill_auto(user, generated, "", missing), user, generated)
     if missing:
         raise UserInputError(
             f"'auto' at {', '.join(missing)} has no generated value to fill it; set a number there, or remove the key"
@@ -88,18 +111,27 @@ def merge_user_config(user: dict, generated: dict) -> dict:
 def pins_from_config(config: dict) -> dict:
     """The plan choices a user's ds_config makes, as `run` option values (zero_stage, offload_optimizer,
     offload_param, offload_ratio, optimizer_states, micro_batch, grad_accum, precision, nvme_path): what
-    --ds-config pins so the plan sizes the configuration that will really run. "auto" and absent values pin nothing."""
+    --ds-config pins so the plan sizes the configuration that will really run: at ZeRO stages 1-3 the offload
+    DeepSpeed runs (keys.strategy_of: none for an absent section, no parameter offload below stage 3, optimizer
+    states in CPU RAM for "nvme" below it), the values read as DeepSpeed reads them (reads.py). "auto" and other
+    absent values pin nothing."""
     pins: dict = {}
+    config, _ = as_deepspeed_reads(config)  # "stage": 3.0 is stage 3 (reads.py)
     zero = _dict(config.get("zero_optimization"))
     stage = _int(zero.get("stage"))
     if stage in (1, 2, 3):
         pins["zero_stage"] = str(stage)
-    for section, option in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
-        device = _dict(zero.get(section)).get("device")
-        if device in ("none", "cpu", "nvme"):
+    running = strategy_of(config)  # at stages 1-2 DeepSpeed ignores offload_param and keeps "nvme" states in RAM
+    for option in ("offload_optimizer", "offload_param"):
+        device = _dict(zero.get(option)).get("device")
+        if _is_auto(device):
+            continue  # the plan's to choose (the merge fills it)
+        if stage in (1, 2, 3):  # an absent section is DeepSpeed's default: no offload
+            pins[option] = getattr(running, option)
+        elif device in ("none", "cpu", "nvme"):
             pins[option] = device
-        path = _dict(zero.get(section)).get("nvme_path")
-        if device == "nvme" and isinstance(path, str) and path:
+        path = _dict(zero.get(option)).get("nvme_path")
+        if pins.get(option) == "nvme" and isinstance(path, str) and path:
             pins["nvme_path"] = path
     if stage == 3 and pins.get("offload_optimizer") == "cpu":
         # the share it offloads: its ratio, else DeepSpeed's default, all of it (memory.py [Twin-Flow])
@@ -113,10 +145,11 @@ def pins_from_config(config: dict) -> dict:
         value = _int(config.get(key))
         if value and value > 0:
             pins[option] = value
-    for precision in ("bf16", "fp16"):
-        if _dict(config.get(precision)).get("enabled") is True:
+    bf16 = "bf16" if "bf16" in config else "bfloat16"  # precision_config.get_bfloat16_config: the old name without bf16
+    for precision, section in (("bf16", bf16), ("fp16", "fp16")):
+        if _dict(config.get(section)).get("enabled") is True:
             pins["precision"] = precision
-    if _dict(config.get("bf16")).get("bf16_optimizer_states") is True:
+    if _dict(config.get(bf16)).get("bf16_optimizer_states") is True:
         pins["optimizer_states"] = "bf16"  # memory.py [DS-bf16s]
     zenflow = zero.get("zenflow")
     if isinstance(zenflow, dict):  # memory.py [ZenFlow] ({} turns it on); an "auto" interval does not pin one

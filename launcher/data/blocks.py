@@ -1,7 +1,27 @@
-"""Tokenize the user's records (sources.py reads them) and pack them into fixed-length blocks, cached on disk
-(sampling.py decides which block each rank reads).
+"""Tokenize the user's records (sources.py reads them, formats.py says what each means) into the fixed-length
+rows the ranks train on, cached on disk (sampling.py decides which row each rank reads).
 
-    load_token_blocks(source, tokenizer, seq_len)    (n_blocks, seq_len) int64, cached on disk
+    load_token_set(source, tokenizer, Tokenization(seq_len, ...), cache_dir)    -> TokenSet
+    load_splits(data, tokenization, tokenizer, cache_dir, eval_...)           -> (training, held-out) TokenSets
+
+Layouts (`Tokenization.packing`, chosen by packing_for):
+
+    stream     documents concatenated, EOS after each, cut into seq_len rows (the tail that fills no row is
+               dropped); attention crosses documents, as in pre-training. Text data, for a model whose code cannot
+               keep packed documents apart.
+    documents  the same rows, with position ids that restart at each document and each row: transformers turns
+               them into a block-diagonal causal mask (masking_utils.find_packed_sequence_indices, used by every
+               model whose code builds its mask with create_causal_mask, when no attention_mask is passed), so no
+               document attends to another and each one sees positions from 0. A document's first token carries
+               no loss (nothing of it came before).
+    pad        one record per row, cut at seq_len and padded (attention_mask): supervised data for a model whose
+               code cannot keep packed documents apart.
+    seq2seq    one record per row: the source padded to seq_len for the encoder, the target to seq_len for the
+               decoder (labels, -100 on padding), each with the tokenizer's special tokens (T5 ends both with </s>).
+
+Loss: a token carries loss when its piece is trained (formats.Example); labels are -100 elsewhere, which every
+transformers loss ignores (ForCausalLMLoss's ignore_index). Text is tokenized without special tokens (no BOS); a
+chat template writes its own.
 """
 
 from __future__ import annotations
@@ -11,89 +31,325 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
-from launcher.data.sources import _BATCH_RECORDS, INPUT_IDS, DataSource, _check_fields, _records
+from launcher.data import formats
+from launcher.data.formats import INPUT_IDS, Example, Renderer
+from launcher.data.sources import _BATCH_RECORDS, DataSource, _records, inspect_data
 from launcher.errors import UserInputError
 
-_CACHE_VERSION = 1  # bump when the packed layout changes, so old caches are not reused
+_CACHE_VERSION = 2  # bump when the layout changes, so old caches are not reused
+PACKINGS = ("stream", "documents", "pad", "seq2seq")
+IGNORE = -100  # the label transformers' losses skip
 _PROBES = (  # encoded to fingerprint a tokenizer's behaviour, not just its name
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "ZeRO-3 offloads 12 bytes/param of Adam state to CPU RAM: 7e9 * 12 = 84,000,000,000.",
     "  indented\n\tline\r\nüber naïve café 東京 🙂",
     "<s></s><unk><pad><|endoftext|>",
 )
+_ROW_ARRAYS = {  # what a TokenSet may hold, with its dtype
+    "input_ids": np.int64,
+    "loss_mask": np.bool_,  # causal: the token carries loss (absent: every token does)
+    "position_ids": np.int32,  # documents: restarting at each document
+    "attention_mask": np.bool_,  # pad and seq2seq: False on padding
+    "labels": np.int64,  # seq2seq: the target, IGNORE on padding
+}
+_HELD_OUT_KEY = 0x5EED0E7A1  # fixes which rows --eval-fraction holds out, whatever --seed is
 
 
-def load_token_blocks(
-    source: DataSource,
-    tokenizer,
-    seq_len: int,
-    text_field: str = "text",
-    cache_dir: str | Path | None = None,
-) -> np.ndarray:
-    """Tokenize every document, put EOS after each, concatenate, and cut into `seq_len`-token blocks.
+@dataclass(frozen=True)
+class Tokenization:
+    """How records become rows; part of the token cache's key, and written to run_spec.json for the ranks."""
 
-    Returns an int64 array of shape (n_blocks, seq_len); the tail that does not fill a block is dropped.
-    - Text is tokenized without special tokens (no BOS); `tokenizer.eos_token_id` follows every document,
-      so `[doc1, EOS, doc2, EOS, ...]` is the stream. Documents that tokenize to nothing are skipped, as are
-      records whose text is null or missing.
-    - A record with a non-null `input_ids` is used as it is instead of its text (it wins over the text
-      field). EOS is appended unless its last token already is EOS, so documents stay separated exactly
-      once either way. Its ids must lie in [0, len(tokenizer)).
-    - With `cache_dir`, the blocks are saved as `<cache_dir>/<cache_key(...)>.npy` (written to a temporary
-      file, then renamed, so concurrent ranks and crashes never leave a partial cache) and the next call
-      with the same data, tokenizer, seq_len and text field loads them without tokenizing.
-    """
-    if seq_len < 1:
-        raise UserInputError(f"--seq-len must be at least 1, got {seq_len}")
-    _check_fields(source.fields, text_field, source.path)
-    eos = tokenizer.eos_token_id
-    if eos is None:
+    seq_len: int
+    format: str = "text"  # formats.FORMATS
+    text_field: str = "text"
+    packing: str = "stream"  # PACKINGS
+    train_on_prompt: bool = False
+    chat_template: str | None = None  # --chat-template's text, which replaces the tokenizer's
+
+    @property
+    def seq2seq(self) -> bool:
+        return self.packing == "seq2seq"
+
+
+@dataclass
+class TokenSet:
+    """Rows of seq_len tokens and what goes with them (_ROW_ARRAYS); `stats` counts what tokenizing found."""
+
+    arrays: dict[str, np.ndarray]
+    stats: dict = field(default_factory=dict)  # records, skipped (nothing to train on), truncated (cut at seq_len)
+
+    def __len__(self) -> int:
+        return len(self.arrays["input_ids"])
+
+    @property
+    def seq2seq(self) -> bool:
+        return "labels" in self.arrays
+
+    def inputs(self, rows) -> dict[str, np.ndarray]:
+        """The model's keyword arguments for `rows` (a list of row indices), as int64 arrays."""
+        ids = self.arrays["input_ids"][rows]
+        out = {"input_ids": ids}
+        if self.seq2seq:
+            out["labels"] = self.arrays["labels"][rows]
+        elif "loss_mask" in self.arrays:
+            out["labels"] = np.where(self.arrays["loss_mask"][rows], ids, IGNORE)
+        else:
+            out["labels"] = ids.copy()  # its own array: a caller may ignore some rows' labels
+        for name in ("position_ids", "attention_mask"):
+            if name in self.arrays:
+                out[name] = self.arrays[name][rows].astype(np.int64)
+        return out
+
+    def token_counts(self, rows=None) -> dict[str, int]:
+        """count_tokens over `rows` (every row: None)."""
+        return count_tokens(self.inputs(slice(None) if rows is None else rows), self.seq2seq)
+
+    def digest(self) -> str:
+        """The rows' contents (sha256 over every array, 16 hex digits): what the ranks train on, whatever the
+        files' paths or times. Token ids alone hash as they did before the other arrays existed, so a run an
+        earlier version streamed resumes."""
+        sha = hashlib.sha256(np.ascontiguousarray(self.arrays["input_ids"]).data)
+        for name in sorted(set(self.arrays) - {"input_ids"}):
+            sha.update(name.encode())
+            sha.update(np.ascontiguousarray(self.arrays[name]).data)
+        return sha.hexdigest()[:16]
+
+    def subset(self, rows: np.ndarray) -> TokenSet:
+        return TokenSet({name: array[rows] for name, array in self.arrays.items()}, dict(self.stats))
+
+    def hold_out(self, fraction: float) -> tuple[TokenSet, TokenSet]:
+        """(training rows, held-out rows): ceil(fraction x rows) rows, at least one, chosen by a keyed hash of
+        their index (sampling._mix64), so the same data always holds out the same rows and they are spread over
+        the whole set. A document cut across two rows may have a part on each side."""
+        from launcher.data.sampling import _mix64
+
+        n = len(self)
+        count = min(n - 1, max(1, int(np.ceil(fraction * n))))
+        if count < 1:
+            raise UserInputError(f"the data yields {n} row(s): too few to hold any out; add data or pass --eval-data")
+        keys = _mix64(np.arange(n, dtype=np.uint64) ^ np.uint64(_HELD_OUT_KEY))
+        held = np.zeros(n, bool)
+        held[np.argsort(keys, kind="stable")[:count]] = True
+        return self.subset(np.flatnonzero(~held)), self.subset(np.flatnonzero(held))
+
+
+def count_tokens(inputs: Mapping, seq2seq: bool) -> dict[str, int]:
+    """Tokens in a batch of model inputs (numpy or torch): `tokens` read (padding excluded), of them `trained`
+    (predicted with loss: a causal LM's labels from the second position on, as the model shifts them; a seq2seq
+    model's target) and `masked` (the rest: prompts, sources, each row's and document's first token);
+    `padding`."""
+    ids, labels = inputs["input_ids"], inputs["labels"]
+    size = int(ids.shape[0]) * int(ids.shape[1])
+    read = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else size
+    if seq2seq:
+        target = int((labels != IGNORE).sum())
+        return {"tokens": read + target, "trained": target, "masked": read, "padding": 2 * size - read - target}
+    trained = int((labels[:, 1:] != IGNORE).sum())
+    return {"tokens": read, "trained": trained, "masked": read - trained, "padding": size - read}
+
+
+def packing_for(fmt: str, model_kind: str, packs_documents: bool) -> str:
+    """The layout for `fmt` data and a model: seq2seq for encoder-decoders; packed documents kept apart where
+    the model's code can (`packs_documents`, inspection: create_causal_mask and position_ids); else text is
+    streamed as in pre-training and supervised records are padded, one per row."""
+    if model_kind == "seq2seq-lm":
+        return "seq2seq"
+    if packs_documents:
+        return "documents"
+    return "stream" if fmt == "text" else "pad"
+
+
+def packs_documents(model_type: str, trust_remote_code: bool = False) -> bool:
+    """Whether transformers' own causal LM for `model_type` keeps packed documents apart when given restarting
+    position ids: its module builds the attention mask with masking_utils.create_causal_mask (which finds the
+    packed documents in position_ids) and its forward takes position_ids. A model with its own code
+    (--trust-remote-code) or no causal LM class is not known to: False."""
+    import inspect
+    import sys
+
+    if trust_remote_code:
+        return False
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    try:
+        cls = getattr(transformers, name) if name else None
+    except (AttributeError, ImportError, RuntimeError):  # a class whose optional dependencies are missing
+        return False
+    if cls is None:
+        return False
+    builds_masks = "create_causal_mask" in vars(sys.modules.get(cls.__module__) or object)
+    return builds_masks and "position_ids" in inspect.signature(cls.forward).parameters
+
+
+def load_token_set(
+    source: DataSource, tokenizer, tokenization: Tokenization, cache_dir: str | Path | None = None
+) -> TokenSet:
+    """Every record tokenized and laid out as `tokenization` says (module docstring). With `cache_dir`, saved as
+    `<cache_dir>/<cache_key(...)>.npz` (written to a temporary file, then renamed, so concurrent ranks and
+    crashes never leave a partial cache); the next call with the same data, tokenizer and tokenization loads it
+    without tokenizing."""
+    t = tokenization
+    if t.seq_len < 1:
+        raise UserInputError(f"--seq-len must be at least 1, got {t.seq_len}")
+    if t.packing not in PACKINGS:
+        raise ValueError(f"unknown packing {t.packing}")
+    if t.chat_template is not None:
+        tokenizer.chat_template = t.chat_template  # also what the export saves: the template it was trained with
+    formats.detect_format(source.fields, t.text_field, t.format, source.path)
+    if tokenizer.eos_token_id is None:
         raise UserInputError(
             f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__} has no eos_token, which separates "
             f"documents; set eos_token in its tokenizer_config.json"
         )
     cache_path = None
     if cache_dir is not None:
-        cache_path = Path(cache_dir) / f"{cache_key(source, tokenizer, seq_len, text_field)}.npy"
-        cached = _read_cache(cache_path, seq_len)
+        cache_path = Path(cache_dir) / f"{cache_key(source, tokenizer, t)}.npz"
+        cached = _read_cache(cache_path, t.seq_len)
         if cached is not None:
             return cached
-    tokens = np.concatenate([np.zeros(0, np.int64), *_token_chunks(source, tokenizer, text_field, eos)])
-    n_blocks = tokens.size // seq_len
-    if n_blocks < 1:
+    examples = _examples(source, tokenizer, t)
+    stats = {"records": 0, "skipped": 0, "truncated": 0}
+    if t.packing in ("stream", "documents"):
+        token_set = _packed(examples, t, tokenizer.eos_token_id, stats, source.path)
+    else:
+        token_set = _padded(examples, t, tokenizer, stats, source.path)
+    if cache_path is not None:
+        _write_cache(cache_path, token_set)
+    return token_set
+
+
+# ------------------------------------------------------------------------------------------ records -> tokens
+
+_Tokens = tuple[np.ndarray, np.ndarray, bool]  # (ids, trained per token, whether an EOS after them is trained)
+
+
+def _examples(source: DataSource, tokenizer, t: Tokenization) -> Iterator[_Tokens | tuple[list, list] | None]:
+    """Each record tokenized: causal (ids, trained, eos_trained), seq2seq (source ids, target ids), None when it
+    holds nothing to train on. Texts are tokenized a batch of records at a time (one fast-tokenizer call)."""
+    vocab = len(tokenizer)
+    renderer = (
+        None
+        if t.format == "text"
+        else Renderer(
+            t.format, tokenizer, text_field=t.text_field, train_on_prompt=t.train_on_prompt, seq2seq=t.seq2seq
+        )
+    )
+    records = _records(source, formats.columns(t.format, t.text_field))
+    while batch := list(islice(records, _BATCH_RECORDS)):
+        if renderer is None:
+            rendered = [_text_example(where, record, t.text_field, vocab) for where, record in batch]
+        else:
+            rendered = [renderer.render(where, record) for where, record in batch]
+        if t.seq2seq:
+            sources = _encode(tokenizer, [e.source for e in rendered if e], special=True)
+            targets = _encode(tokenizer, [e.target for e in rendered if e], special=True)
+            pairs = iter(zip(sources, targets, strict=True))
+            yield from (next(pairs) if e else None for e in rendered)
+            continue
+        texts = [piece for e in rendered if e for piece, _ in e.pieces if isinstance(piece, str)]
+        encoded = iter(_encode(tokenizer, texts))
+        for example in rendered:
+            if example is None:
+                yield None
+                continue
+            ids, trained = [], []
+            for piece, carries_loss in example.pieces:
+                piece_ids = next(encoded) if isinstance(piece, str) else piece
+                ids.extend(piece_ids)
+                trained.extend([carries_loss] * len(piece_ids))
+            yield (np.asarray(ids, np.int64), np.asarray(trained, bool), example.eos_trained) if ids else None
+
+
+def _text_example(where: str, record: dict, text_field: str, vocab: int) -> Example | None:
+    document = _document(where, record, text_field, vocab)
+    return Example(((document, True),)) if document else None
+
+
+def _packed(examples, t: Tokenization, eos: int, stats: dict, where: str) -> TokenSet:
+    """stream / documents: every example, EOS after each (unless it ends with one), concatenated and cut."""
+    ids, trained, starts = [], [], []
+    for example in examples:
+        stats["records"] += 1
+        if example is None or not example[1].any():
+            stats["skipped"] += 1
+            continue
+        doc_ids, doc_trained, eos_trained = example
+        if doc_ids[-1] != eos:
+            doc_ids, doc_trained = np.append(doc_ids, eos), np.append(doc_trained, eos_trained)
+        start = np.zeros(doc_ids.size, bool)
+        start[0] = True
+        ids.append(doc_ids)
+        trained.append(doc_trained)
+        starts.append(start)
+    flat = np.concatenate([np.zeros(0, np.int64), *ids])
+    n, L = flat.size // t.seq_len, t.seq_len
+    if n < 1:
         raise UserInputError(
-            f"data in {source.path} yields {tokens.size} tokens, fewer than one --seq-len block of {seq_len}; "
+            f"data in {where} yields {flat.size} tokens, fewer than one --seq-len block of {L}; "
             f"add data or lower --seq-len"
         )
-    blocks = tokens[: n_blocks * seq_len].reshape(n_blocks, seq_len)
-    if cache_path is not None:
-        _write_cache(cache_path, blocks)
-    return blocks
+    arrays = {"input_ids": flat[: n * L].reshape(n, L)}
+    mask = np.concatenate([np.zeros(0, bool), *trained])[: n * L].reshape(n, L)
+    if t.packing == "documents":
+        begins = np.concatenate([np.zeros(0, bool), *starts])[: n * L].reshape(n, L)
+        begins[:, 0] = True
+        index = np.broadcast_to(np.arange(L), (n, L))
+        arrays["position_ids"] = (index - np.maximum.accumulate(np.where(begins, index, 0), axis=1)).astype(np.int32)
+        mask = mask & ~begins
+    if not mask[:, 1:].all():
+        arrays["loss_mask"] = mask
+    return TokenSet(arrays, stats)
 
 
-def _token_chunks(source: DataSource, tokenizer, text_field: str, eos: int) -> Iterator[np.ndarray]:
-    """The EOS-separated token stream, one int64 array per batch of documents."""
-    vocab = len(tokenizer)
-    records = _records(source, text_field)
-    while batch := list(islice(records, _BATCH_RECORDS)):
-        docs = [_document(where, record, text_field, vocab) for where, record in batch]
-        texts = [d for d in docs if isinstance(d, str)]
-        encoded = iter(_encode(tokenizer, texts)) if texts else iter(())
-        ids: list[int] = []
-        for doc in docs:
-            doc_ids = next(encoded) if isinstance(doc, str) else doc
-            if doc_ids is None or len(doc_ids) == 0:
+def _padded(examples, t: Tokenization, tokenizer, stats: dict, where: str) -> TokenSet:
+    """pad / seq2seq: one example per row, cut at seq_len, padded with the tokenizer's pad token (else EOS)."""
+    L, eos = t.seq_len, tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    rows: list[tuple[np.ndarray, ...]] = []
+    for example in examples:
+        stats["records"] += 1
+        if example is None:
+            stats["skipped"] += 1
+            continue
+        if t.seq2seq:
+            source, target = (np.asarray(x, np.int64) for x in example)
+            stats["truncated"] += int(source.size > L or target.size > L)
+            if target.size == 0:
+                stats["skipped"] += 1
                 continue
-            ids.extend(doc_ids)
-            if doc_ids[-1] != eos:
-                ids.append(eos)
-        yield np.asarray(ids, dtype=np.int64)
+            rows.append((_fill(source[:L], L, pad), np.arange(L) < source[:L].size, _fill(target[:L], L, IGNORE)))
+            continue
+        ids, trained, eos_trained = example
+        if ids[-1] != eos:
+            ids, trained = np.append(ids, eos), np.append(trained, eos_trained)
+        stats["truncated"] += int(ids.size > L)
+        ids, trained = ids[:L], trained[:L]
+        if not trained[1:].any():  # the prompt alone fills the row: nothing of the response is left
+            stats["skipped"] += 1
+            continue
+        rows.append((_fill(ids, L, pad), np.arange(L) < ids.size, np.pad(trained, (0, L - ids.size))))
+    if not rows:
+        raise UserInputError(
+            f"data in {where} yields no record with a response to train on within --seq-len {L} "
+            f"({stats['records']} read); check the records' fields, or raise --seq-len"
+        )
+    ids, attention, third = (np.stack(column) for column in zip(*rows, strict=True))
+    arrays = {"input_ids": ids, "attention_mask": attention}
+    arrays["labels" if t.seq2seq else "loss_mask"] = third
+    return TokenSet(arrays, stats)
+
+
+def _fill(values: np.ndarray, length: int, value: int) -> np.ndarray:
+    return np.pad(values, (0, length - values.size), constant_values=value)
 
 
 def _document(where: str, record: dict, text_field: str, vocab: int) -> str | list[int] | None:
@@ -136,42 +392,56 @@ def _check_unicode(where: str, text: str | None, text_field: str) -> None:
             ) from None
 
 
-def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    # verbose=False: documents longer than model_max_length are expected here (they are packed, not truncated)
-    out = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)
+def _encode(tokenizer, texts: list[str], special: bool = False) -> list[list[int]]:
+    if not texts:
+        return []
+    # verbose=False: documents longer than model_max_length are expected here (they are packed or cut, not refused)
+    out = tokenizer(texts, add_special_tokens=special, return_attention_mask=False, verbose=False)
     return out["input_ids"]
 
 
-def cache_key(source: DataSource, tokenizer, seq_len: int, text_field: str = "text") -> str:
-    """Name of the packed-blocks cache: changes with the data, the tokenizer's behaviour, seq_len, the field."""
+# ------------------------------------------------------------------------------------------ cache
+
+
+def cache_key(source: DataSource, tokenizer, tokenization: Tokenization) -> str:
+    """Name of the token cache: changes with the data, the tokenizer's behaviour (its chat template too) and
+    the tokenization."""
     probes = json.dumps(_encode(tokenizer, list(_PROBES)))
+    layout = asdict(tokenization)
+    template = layout.pop("chat_template") or getattr(tokenizer, "chat_template", None) or ""
     identity = {
         "version": _CACHE_VERSION,
         "data": source.fingerprint,
         "tokenizer": str(tokenizer.name_or_path),
         "vocab": len(tokenizer),
         "eos": tokenizer.eos_token_id,
+        "pad": tokenizer.pad_token_id,
         "probes": hashlib.sha256(probes.encode()).hexdigest(),
-        "seq_len": seq_len,
-        "text_field": text_field,
+        "chat_template": hashlib.sha256(str(template).encode()).hexdigest(),
+        **layout,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return f"blocks-{seq_len}-{digest[:24]}"
+    return f"tokens-{tokenization.seq_len}-{digest[:24]}"
 
 
-def _read_cache(path: Path, seq_len: int) -> np.ndarray | None:
+def _read_cache(path: Path, seq_len: int) -> TokenSet | None:
     try:
-        blocks = np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = {name: saved[name] for name in saved.files if name in _ROW_ARRAYS}
+            stats = json.loads(str(saved["stats"])) if "stats" in saved.files else {}
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError, KeyError):
         return None  # unreadable (e.g. truncated by hand): rebuild it
-    if blocks.ndim != 2 or blocks.shape[1] != seq_len or blocks.dtype != np.int64 or len(blocks) == 0:
+    ids = arrays.get("input_ids")
+    if ids is None or ids.ndim != 2 or ids.shape[1] != seq_len or len(ids) == 0:
         return None
-    return blocks
+    if any(a.dtype != _ROW_ARRAYS[name] or a.shape != ids.shape for name, a in arrays.items()):
+        return None
+    return TokenSet(arrays, stats)
 
 
-def _write_cache(path: Path, blocks: np.ndarray) -> None:
+def _write_cache(path: Path, token_set: TokenSet) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
@@ -181,10 +451,32 @@ def _write_cache(path: Path, blocks: np.ndarray) -> None:
         ) from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.save(handle, blocks, allow_pickle=False)
+            np.savez(handle, **token_set.arrays, stats=np.array(json.dumps(token_set.stats)))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def load_splits(
+    data: str,
+    tokenization: Tokenization,
+    tokenizer,
+    cache_dir: str | Path | None = None,
+    *,
+    eval_data: str | None = None,
+    eval_fraction: float | None = None,
+) -> tuple[TokenSet, TokenSet | None]:
+    """(training rows, held-out rows or None): `data` tokenized; the held-out rows are --eval-fraction of its rows
+    (TokenSet.hold_out) or --eval-data, read in the training data's format. What the CLI checks before launching
+    and every rank loads (from the cache the CLI filled), so both see the same rows."""
+    source = inspect_data(data, tokenization.text_field, tokenization.format)
+    rows = load_token_set(source, tokenizer, tokenization, cache_dir)
+    if eval_fraction is not None:
+        return rows.hold_out(eval_fraction)
+    if eval_data is not None:
+        held = inspect_data(eval_data, tokenization.text_field, tokenization.format)
+        return rows, load_token_set(held, tokenizer, tokenization, cache_dir)
+    return rows, None

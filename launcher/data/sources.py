@@ -1,5 +1,5 @@
-"""Training data: find and check the user's data, and read its records (blocks.py tokenizes and packs them
-into fixed-length blocks; sampling.py decides which block each rank reads).
+"""Training data: find and check the user's data, and read its records (formats.py says what a record means,
+blocks.py tokenizes them into fixed-length rows; sampling.py decides which row each rank reads).
 
     inspect_data(path)                      cheap, no tokenizer: the CLI calls it before launching anything
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
+from launcher.data.formats import INPUT_IDS, detect_format
 from launcher.errors import UserInputError
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".txt": "txt", ".parquet": "parquet", ".csv": "csv"}
 SUPPORTED = "a datasets save_to_disk folder, or .jsonl, .json, .txt, .parquet or .csv files"
-INPUT_IDS = "input_ids"
 _INSPECT_RECORDS = 100  # records per jsonl file whose keys inspect_data() reads
 _BATCH_RECORDS = 1000  # records per read batch (arrow, parquet), and documents per tokenizer call (blocks.py)
 _DETAIL_CHARS = 160  # of a library's own error message, quoted in ours
@@ -61,45 +61,50 @@ class DataSource:
     files: tuple[str, ...]  # data files in read order (empty for "arrow")
     fields: tuple[str, ...]  # column names seen, in order of first appearance (("text",) for txt)
     has_input_ids: bool  # some records are already tokenized
+    kind: str  # what the records hold: formats.FORMATS (chat, instruction, prompt, pairs, text)
     fingerprint: str  # sha256 over format, paths, sizes and mtimes; changes when any file does
 
 
 # ---------------------------------------------------------------------------------------------- inspect
 
 
-def inspect_data(path: str, text_field: str = "text") -> DataSource:
-    """Find the data at `path`, check it can be trained on, and fingerprint it. Reads headers and first
-    records only (a .json file is parsed whole). Raises UserInputError with one line on any problem."""
+def inspect_data(path: str, text_field: str = "text", data_format: str = "auto") -> DataSource:
+    """Find the data at `path`, tell its format (formats.detect_format; `data_format` pins one), check every file
+    holds it, and fingerprint it. Reads headers and first records only (a .json file is parsed whole). Raises
+    UserInputError with one line on any problem."""
     try:
-        return _inspect(path, text_field)
+        return _inspect(path, text_field, data_format)
     except OSError as exc:  # a path that cannot be stat'ed or opened: permissions, a broken link, a directory
         raise _unreadable(exc, path) from None
 
 
-def _inspect(path: str, text_field: str) -> DataSource:
+def _inspect(path: str, text_field: str, data_format: str) -> DataSource:
     root = Path(path)
     if not root.exists():
         raise UserInputError(f"data path {path} does not exist; pass {SUPPORTED}")
     if root.is_dir() and _is_saved_dataset(root):
         split_dir = _arrow_split_dir(root)
         fields = _arrow_fields(split_dir)
-        _check_fields(fields, text_field, str(root))
-        return DataSource(str(path), "arrow", (), fields, INPUT_IDS in fields, _fingerprint("arrow", root, _walk(root)))
+        kind = detect_format(fields, text_field, data_format, str(root))
+        fingerprint = _fingerprint("arrow", root, _walk(root))
+        return DataSource(str(path), "arrow", (), fields, INPUT_IDS in fields, kind, fingerprint)
 
     files = _data_files(root)
     fmt = SUFFIX_FORMATS[files[0].suffix.lower()]
     non_empty = [f for f in files if f.stat().st_size > 0]
+    per_file = {file: _file_fields(file, fmt) for file in non_empty}
     seen: dict[str, None] = {}  # ordered union of every file's fields
-    for file in non_empty:
-        fields = _file_fields(file, fmt)
-        if fields:
-            _check_fields(fields, text_field, str(file))
+    for fields in per_file.values():
         seen.update(dict.fromkeys(fields))
     if not seen:
         raise UserInputError(f"data in {path} is empty (no records in {len(files)} file(s)); add data")
     fields = tuple(seen)
+    kind = detect_format(fields, text_field, data_format, str(path))
+    for file, fields in per_file.items():  # one format for the whole set: every file holds its fields
+        if fields:
+            detect_format(fields, text_field, kind, str(file))
     return DataSource(
-        str(path), fmt, tuple(map(str, files)), fields, INPUT_IDS in fields, _fingerprint(fmt, root, files)
+        str(path), fmt, tuple(map(str, files)), fields, INPUT_IDS in fields, kind, _fingerprint(fmt, root, files)
     )
 
 
@@ -130,19 +135,6 @@ def _walk(root: Path) -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         out.extend(Path(dirpath, name) for name in filenames if not name.startswith("."))
     return sorted(out)
-
-
-def _check_fields(fields: tuple[str, ...], text_field: str, where: str) -> None:
-    if text_field not in fields and INPUT_IDS not in fields:
-        raise UserInputError(
-            f"no '{text_field}' field (and no '{INPUT_IDS}') in {where}; its fields are "
-            f"{', '.join(map(_shown, fields))}; pass --text-field with the one holding the text"
-        )
-
-
-def _shown(name: str) -> str:
-    """A name read from the data, safe in a one-line message (a newline or control character is escaped)."""
-    return name if name.isprintable() else repr(name)
 
 
 def _file_fields(file: Path, fmt: str) -> tuple[str, ...]:
@@ -406,16 +398,15 @@ def _csv_next(file: Path, reader):
         ) from None
 
 
-def _records(source: DataSource, text_field: str) -> Iterator[tuple[str, dict]]:
-    """(where, record) for every record, in file order; only the text and input_ids columns are read."""
+def _records(source: DataSource, wanted: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """(where, record) for every record, in file order; columnar formats read only the `wanted` columns."""
     try:
-        yield from _read_records(source, text_field)
+        yield from _read_records(source, wanted)
     except OSError as exc:  # a file that went away, changed into a folder or lost its permissions since inspect_data
         raise _unreadable(exc, source.path) from None
 
 
-def _read_records(source: DataSource, text_field: str) -> Iterator[tuple[str, dict]]:
-    wanted = (text_field, INPUT_IDS)
+def _read_records(source: DataSource, wanted: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
     if source.format == "arrow":
         yield from _arrow_records(source.path, wanted)
         return

@@ -1,5 +1,9 @@
 """Model inspection: resolve `--model` to a Hugging Face config, build it on the meta device, count exactly.
 
+Any model transformers can build from its config is counted (model_kind): a causal LM as AutoModelForCausalLM
+builds it (Llama, GPT-2, ...), an encoder-decoder as AutoModelForSeq2SeqLM (T5, BART, ...: both stacks, the shared
+embedding once), anything else as AutoModel, without a head (BERT: BertModel).
+
 Resolution order for a hub id (the issue's contract): the hub itself (config.json only, a few seconds at
 most), then the local Hugging Face cache, then the configs bundled in `launcher/models/`. A local
 directory must hold a `config.json`; weights are optional (planning never reads them).
@@ -25,9 +29,14 @@ from launcher.resources import resource_path
 BUNDLED_DIR = resource_path("models")
 SHIPPED_PROFILES_DIR = BUNDLED_DIR / "profiles"  # the bundled configs, counted: scripts/count_bundled_models.py
 HUB_TIMEOUT_SECONDS = 5.0
-PROFILE_VERSION = 3  # bump when ModelProfile's fields change: cached profiles are keyed by it
+PROFILE_VERSION = 4  # bump when ModelProfile's fields change: cached profiles are keyed by it
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _LAYER_RE = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.|\.blocks?\.(\d+)\.")
+# ModelProfile.kind: how transformers builds the model, and so what the planner and the trainer make of it
+CAUSAL_LM, SEQ2SEQ_LM, OTHER = "causal-lm", "seq2seq-lm", "other"
+KINDS = (CAUSAL_LM, SEQ2SEQ_LM, OTHER)
+# the transformers auto class each kind is built with (and auto_map's key for a model that ships its own code)
+AUTO_CLASSES = {CAUSAL_LM: "AutoModelForCausalLM", SEQ2SEQ_LM: "AutoModelForSeq2SeqLM", OTHER: "AutoModel"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,23 @@ class ModelProfile:
     tied_embeddings: bool
     has_weights: bool  # the directory also holds weight files
     input_embedding_numel: int = 0  # the token embedding table: a lookup, no matmul FLOPs
+    kind: str = CAUSAL_LM  # one of KINDS (model_kind): the auto class it is built, counted and trained with
+    # An encoder-decoder's decoder blocks, each with a cross-attention over the encoder's output; num_layers counts
+    # both stacks (T5-11B: 24 encoder + 24 decoder blocks = 48). 0: one stack (causal LMs, encoders).
+    cross_attention_layers: int = 0
+    # heads x head_dim where that differs from hidden_size (T5-11B: 128 x 128 = 16,384 against d_model 1,024): the
+    # width the attention scores are computed at (timing [Narayanan], memory [Korth]); 0: hidden_size
+    attention_width: int = 0
+
+    @property
+    def encoder_layers(self) -> int:
+        """An encoder-decoder's encoder blocks (0 for one stack)."""
+        return self.num_layers - self.cross_attention_layers if self.cross_attention_layers else 0
+
+    @property
+    def attention_dim(self) -> int:
+        """The attention's inner width: heads x head_dim."""
+        return self.attention_width or self.hidden_size
 
     @property
     def compute_params(self) -> int:
@@ -84,6 +110,9 @@ class ModelProfile:
             "layer_params": self.layer_params,
             "tied_embeddings": self.tied_embeddings,
             "has_weights": self.has_weights,
+            "kind": self.kind,
+            "cross_attention_layers": self.cross_attention_layers,
+            "attention_dim": self.attention_dim,
         }
 
 
@@ -217,14 +246,27 @@ def load_config(location: Path, trust_remote_code: bool):
                 "if you trust its source"
             ) from None
         raise UserInputError(
-            f"transformers does not know model_type '{model_type}' in {config_file}; upgrade transformers, "
-            "or pass --trust-remote-code if the model ships its own code"
+            f"{config_file}: model_type '{model_type}' is not one transformers {transformers_release()} knows; "
+            "upgrade transformers, or pass --trust-remote-code if the model ships its own code"
         ) from None
+
+
+def transformers_release() -> str:
+    """The installed transformers' major.minor ("5.24"), for messages."""
+    from importlib.metadata import version
+
+    return ".".join(version("transformers").split(".")[:2])
+
+
+# an encoder-decoder config's decoder depth (T5: num_decoder_layers; BART and its kin: decoder_layers);
+# num_hidden_layers is the encoder's there
+DECODER_DEPTH_KEYS = ("num_decoder_layers", "decoder_layers")
 
 
 def cut_to_layers(config, layers: int) -> None:
     """Cut a transformers config to its first `layers` transformer blocks, in place: num_hidden_layers, every
-    per-layer list (e.g. Qwen's `layer_types`) and max_window_layers."""
+    per-layer list (e.g. Qwen's `layer_types`) and max_window_layers; an encoder-decoder's decoder stack to
+    its first `layers` blocks too."""
     full = config.num_hidden_layers
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and len(value) == full and key != "architectures":
@@ -232,22 +274,74 @@ def cut_to_layers(config, layers: int) -> None:
     config.num_hidden_layers = layers
     if isinstance(getattr(config, "max_window_layers", None), int):
         config.max_window_layers = min(config.max_window_layers, layers)
+    if getattr(config, "is_encoder_decoder", False):
+        for key in DECODER_DEPTH_KEYS:
+            if isinstance(getattr(config, key, None), int):
+                setattr(config, key, min(getattr(config, key), layers))
 
 
-def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int]], bool, str, int]:
-    """Every (name, numel) of the model built on PyTorch's meta device: exact, instant, no memory.
-    `named_parameters()` yields a shared (tied) tensor once."""
+def model_kind(config, trust_remote_code: bool = False) -> str:
+    """ModelProfile.kind of a transformers config, from transformers' own auto-class mappings (for a model that
+    ships its own code, from its config's auto_map):
+
+    - "seq2seq-lm": an encoder-decoder (config.is_encoder_decoder) that AutoModelForSeq2SeqLM builds (T5, BART).
+      BART's type is in the causal-LM mapping too, for BartForCausalLM, its decoder alone.
+    - "causal-lm": AutoModelForCausalLM builds it, and it is not a bidirectional encoder: a type that is also in
+      the masked-LM mapping (BERT, RoBERTa, ...) gets a causal-LM class (BertLMHeadModel) that attends causally
+      only with is_decoder=True (built without it, transformers warns to add it), so only such a config is a
+      causal LM.
+    - "seq2seq-lm" for any other type only AutoModelForSeq2SeqLM builds, and "other" for the rest: AutoModel
+      builds it, without a head (BERT: BertModel)."""
+    import transformers
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    remote = set(auto_map) if trust_remote_code else set()
+
+    def builds(auto_class: str, mapping: str) -> bool:
+        return type(config) in getattr(transformers, mapping) or auto_class in remote
+
+    seq2seq = builds("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING")
+    if seq2seq and getattr(config, "is_encoder_decoder", False):
+        return SEQ2SEQ_LM
+    encoder = builds("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING") and not getattr(config, "is_decoder", False)
+    if builds("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING") and not encoder:
+        return CAUSAL_LM
+    return SEQ2SEQ_LM if seq2seq else OTHER
+
+
+def auto_class(kind: str):
+    """The transformers auto class a model of `kind` is built with."""
+    import transformers
+
+    return getattr(transformers, AUTO_CLASSES[kind])
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """What a meta-device build tells: every (name, numel) in model.parameters() order, and the parts that matter."""
+
+    named: list[tuple[str, int]]
+    tied: bool
+    architecture: str
+    embedding: int  # the input embedding table's numel
+    decoder_prefix: str | None  # an encoder-decoder's decoder stack, as its parameter names start ("model.decoder")
+
+
+def _count_on_meta(config, kind: str, trust_remote_code: bool) -> _Counted:
+    """Every (name, numel) of the model built on PyTorch's meta device by its kind's auto class: exact, instant, no
+    memory. `named_parameters()` yields a shared (tied) tensor once, so T5's and BART's embedding, shared by the
+    encoder, the decoder and the head, counts once."""
     import torch
-    from transformers import AutoModelForCausalLM
 
+    builder = auto_class(kind)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    except ValueError as exc:
+            model = builder.from_config(config, trust_remote_code=trust_remote_code)
+    except ValueError:  # its message lists every type the auto class knows: hundreds of names, not repeated here
         name = getattr(config, "model_type", "?")
         raise UserInputError(
-            f"cannot build a causal LM for model_type '{name}' ({exc}); pass --trust-remote-code if the "
-            "model ships its own code"
+            f"transformers {transformers_release()} cannot build model_type '{name}' from its config with "
+            f"{builder.__name__}; upgrade transformers, or pass --trust-remote-code if the model ships its own code"
         ) from None
     named = [(n, p.numel()) for n, p in model.named_parameters()]
     tied = False
@@ -255,7 +349,11 @@ def _count_on_meta(config, trust_remote_code: bool) -> tuple[list[tuple[str, int
     if out_emb is not None and in_emb is not None:
         tied = out_emb.weight is in_emb.weight
     embedding = in_emb.weight.numel() if in_emb is not None else 0
-    return named, tied, type(model).__name__, embedding
+    decoder_prefix = None
+    if getattr(config, "is_encoder_decoder", False) and hasattr(model, "get_decoder"):
+        decoder = model.get_decoder()
+        decoder_prefix = next((n for n, module in model.named_modules() if module is decoder and n), None)
+    return _Counted(named, tied, type(model).__name__, embedding, decoder_prefix)
 
 
 def _first(config, *names: str, default: int = 0) -> int:
@@ -329,27 +427,39 @@ def count_bundled_models() -> dict[str, dict]:
 def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) -> ModelProfile:
     config = load_config(location, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    named, tied, architecture, embedding = _count_on_meta(config, trust_remote_code)
+    kind = model_kind(config, trust_remote_code)
+    counted = _count_on_meta(config, kind, trust_remote_code)
+    named = counted.named
     if not named:
         raise UserInputError(f"model '{name}' has no parameters")
     largest_name, largest = max(named, key=lambda item: item[1])
 
-    per_layer: dict[int, int] = {}
+    # every transformer block by its stack and index: "model.layers.3", or T5's "encoder.block.3" and
+    # "decoder.block.3", two blocks
+    per_layer: dict[str, int] = {}
     for param_name, numel in named:
         match = _LAYER_RE.search("." + param_name)
         if match:
-            index = int(next(g for g in match.groups() if g is not None))
-            per_layer[index] = per_layer.get(index, 0) + numel
+            block = ("." + param_name)[1 : match.end() - 1]
+            per_layer[block] = per_layer.get(block, 0) + numel
     num_layers = _first(text_config, "num_hidden_layers", "n_layer", "num_layers", default=len(per_layer))
+    cross_attention_layers = 0
+    if counted.decoder_prefix is not None and per_layer:
+        # an encoder-decoder: num_hidden_layers is its encoder's depth; its blocks are those of both stacks
+        num_layers = len(per_layer)
+        cross_attention_layers = sum(1 for block in per_layer if block.startswith(counted.decoder_prefix + "."))
     hidden = _first(text_config, "hidden_size", "n_embd", "d_model")
     heads = _first(text_config, "num_attention_heads", "n_head")
-    intermediate = _first(text_config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    head_dim = _first(text_config, "head_dim", default=hidden // heads if heads else 0)
+    intermediate = _first(
+        text_config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim", default=4 * hidden
+    )
     has_weights = location.is_dir() and any(any(location.glob(p)) for p in _WEIGHT_PATTERNS)
     return ModelProfile(
         name=name,
         source=source,
         config_dir=str(location),
-        architecture=architecture,
+        architecture=counted.architecture,
         model_type=config.model_type,
         params=sum(n for _, n in named),
         largest_param_numel=largest,
@@ -362,7 +472,10 @@ def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) ->
         max_position_embeddings=_first(text_config, "max_position_embeddings", "n_positions", "max_seq_len"),
         layer_params=max(per_layer.values(), default=0),
         param_numels=tuple(n for _, n in named),
-        tied_embeddings=tied,
+        tied_embeddings=counted.tied,
         has_weights=has_weights and source == "local",
-        input_embedding_numel=embedding,
+        input_embedding_numel=counted.embedding,
+        kind=kind,
+        cross_attention_layers=cross_attention_layers,
+        attention_width=heads * head_dim if heads * head_dim != hidden else 0,
     )

@@ -5,6 +5,11 @@ what is left of the one-block time. The step-time model then charges L blocks pl
 (timing.compute_seconds), which carries everything FLOP counts miss at small shapes: attention, kernel and
 operator dispatch, normalisations, the loss over the vocabulary.
 
+An encoder-decoder (T5, BART) is cut to as many blocks in each stack, and timed on a source and a target of the
+sequence length each (labels = the inputs, as its trainer feeds it); a block is then the mean of an encoder and a
+decoder block, which the model charges for both stacks' blocks. A model of kind "other" (BERT: no LM head, and no
+training here) is not timed: the plan counts FLOPs.
+
 Bounded: skipped (None, and the model falls back to FLOPs) when timing the cuts (a warm-up and REPEATS rounds of
 both) would take more than BUDGET_SECONDS by FLOPs at `flops_per_s`. Cached per host, model config, shape, device,
 threads and torch.
@@ -20,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.files import write_json_atomic
+from launcher.inspection.model import CAUSAL_LM, OTHER, auto_class
 
 BUDGET_SECONDS = 15.0  # the whole measurement: a warm-up and REPEATS timed passes of each cut
 # blocks in the two cuts (the second no more than the model has): apart, so that a block stands out of the noise
@@ -57,12 +63,22 @@ def enable_recompute(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def build_cut(config, *, micro_batch: int, seq_len: int, recompute: bool, device: str) -> Callable[[], float]:
-    """A model built from `config` (random bf16 weights) and a function timing one forward + backward of it."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def cut_blocks(profile, layers: int) -> int:
+    """Blocks in `profile`'s model cut to `layers` per stack (cut_to_layers): an encoder-decoder's in both stacks."""
+    if profile.cross_attention_layers:
+        return min(layers, profile.encoder_layers) + min(layers, profile.cross_attention_layers)
+    return min(layers, profile.num_layers)
 
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device)
+
+def build_cut(
+    config, *, micro_batch: int, seq_len: int, recompute: bool, device: str, kind: str = CAUSAL_LM
+) -> Callable[[], float]:
+    """A model built from `config` (random bf16 weights) by its kind's auto class, and a function timing one forward
+    + backward of it: a causal LM on `seq_len` tokens, an encoder-decoder on a source and a target of `seq_len`
+    tokens each (labels = input_ids; the decoder's inputs are the labels shifted right)."""
+    import torch
+
+    model = auto_class(kind).from_config(config, dtype=torch.bfloat16).to(device)
     model.train()
     if recompute:
         enable_recompute(model)
@@ -107,9 +123,11 @@ def measure_passes(
 ) -> dict | None:
     """{"per_layer_seconds", "fixed_seconds", "tokens", ...} for `profile` (a ModelProfile) at this workload, from
     the cache or (`measure`) measured now; None when not cached and not measured, when the cuts would take too
-    long, or when they cannot be built (not a causal LM)."""
+    long, when they cannot be built, or for a model of kind "other" (not trained here)."""
     from launcher.plan.timing import flops_per_token
 
+    if profile.kind == OTHER:
+        return None
     location = Path(profile.config_dir)
     config_json = json.loads((location if location.is_file() else location / "config.json").read_text())
     key = cache_key(
@@ -125,13 +143,16 @@ def measure_passes(
         return json.loads(path.read_text())
     if not measure:
         return None
-    cut_layers = (1, min(CUT_LAYERS[1], profile.num_layers))
+    depth = max(profile.encoder_layers, profile.cross_attention_layers) or profile.num_layers  # the deepest stack
+    cut_layers = (1, min(CUT_LAYERS[1], depth))
     if cut_layers[1] == cut_layers[0]:
         return None  # one block: nothing to tell a block from the rest
+    blocks = [cut_blocks(profile, layers) for layers in cut_layers]
     embeddings = max(0, profile.params - profile.num_layers * profile.layer_params)
-    cut_params = embeddings + cut_layers[1] * profile.layer_params
+    cut_params = embeddings + blocks[1] * profile.layer_params
     tokens = micro_batch * seq_len
-    cut = flops_per_token(cut_params, recompute, cut_layers[1], profile.hidden_size, seq_len) * tokens
+    cross = min(cut_layers[1], profile.cross_attention_layers)
+    cut = flops_per_token(cut_params, recompute, blocks[1], profile.attention_dim, seq_len, cross) * tokens
     if cut / flops_per_s * (1 + REPEATS) * 2 > BUDGET_SECONDS:
         return None
     log(f"measuring the passes at the model's shapes ({micro_batch} x {seq_len} tokens, {threads} threads) ...")
@@ -147,21 +168,23 @@ def measure_passes(
                 seq_len=seq_len,
                 recompute=recompute,
                 device=device,
+                kind=profile.kind,
             )
             for layers in cut_layers
         ]
         seconds = time_cuts(cuts)
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not buildable as a causal LM here
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not buildable (or not trainable) here
         log(f"could not time the passes at the model's shapes ({exc}); the plan counts FLOPs")
         return None
     finally:
         torch.set_num_threads(previous)
-    per_layer = max(0.0, (seconds[1] - seconds[0]) / (cut_layers[1] - cut_layers[0]))
+    per_layer = max(0.0, (seconds[1] - seconds[0]) / (blocks[1] - blocks[0]))
     result = {
         "per_layer_seconds": per_layer,
-        "fixed_seconds": max(0.0, seconds[0] - cut_layers[0] * per_layer),
+        "fixed_seconds": max(0.0, seconds[0] - blocks[0] * per_layer),
         "tokens": tokens,
-        "cut_layers": list(cut_layers),
+        "cut_layers": list(cut_layers),  # per stack
+        "cut_blocks": blocks,  # both stacks
         "cut_seconds": seconds,
         "device": device,
         "threads": threads,

@@ -8,7 +8,6 @@ data (and tokenizes it into OUT/cache when `tokenize`), and builds the (argv, en
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -16,9 +15,10 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import UserInputError
@@ -29,6 +29,9 @@ from launcher.job.spec import RUN_SPEC_FILE, RunSpec
 from launcher.plan.planner import Plan
 from launcher.settings import Settings
 from launcher.views import plan_view
+
+if TYPE_CHECKING:
+    from launcher.data.blocks import Tokenization
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,64 @@ def load_tokenizer(settings: Settings, model_name: str):
     return tokenizer
 
 
-def load_blocks(settings: Settings, model_name: str, seq_len: int, cache_dir: Path | None):
-    """Tokenize and pack the data once (ranks reuse the cache): proves before launch that it yields tokens."""
-    from launcher.data.blocks import load_token_blocks
+TRAINABLE = ("causal-lm", "seq2seq-lm")  # ModelProfile.kind values the ranks train (rank/trainer.py)
+
+
+def check_trainable(plan: Plan) -> None:
+    """Training runs causal LMs and sequence-to-sequence LMs; any other model is planned but not trained."""
+    model = plan.model
+    if model.kind not in TRAINABLE:
+        raise UserInputError(
+            f"{model.name} is a {model.architecture} ({model.model_type}): offload-launch trains causal LMs and "
+            "sequence-to-sequence LMs (T5, BART); --dry-run still plans it"
+        )
+
+
+def data_format(settings: Settings) -> str:
+    """--data-format, where a --text-field other than "text" says the data is text."""
+    if settings.data_format == "auto" and settings.text_field != "text":
+        return "text"
+    return settings.data_format
+
+
+def tokenization_for(plan: Plan, settings: Settings, data_kind: str) -> Tokenization:
+    """How the records become rows for this model (data/blocks.py): the data's format, and the layout the
+    model can train on (packed documents kept apart where its code can, blocks.packs_documents)."""
+    from launcher.data.blocks import Tokenization, packing_for, packs_documents
+    from launcher.data.formats import check_seq2seq_format, read_chat_template
+
+    model = plan.model
+    if model.kind == "seq2seq-lm":
+        check_seq2seq_format(data_kind)
+    packs = model.kind == "causal-lm" and packs_documents(model.model_type, settings.trust_remote_code)
+    return Tokenization(
+        seq_len=plan.workload.seq_len,
+        format=data_kind,
+        text_field=settings.text_field,
+        packing=packing_for(data_kind, model.kind, packs),
+        train_on_prompt=settings.train_on_prompt,
+        chat_template=read_chat_template(settings.chat_template) if settings.chat_template else None,
+    )
+
+
+def load_data(plan: Plan, settings: Settings, cache_dir: Path | None, tokenizer=None):
+    """(its Tokenization, training rows, held-out rows or None), tokenized once (the ranks reuse the cache in
+    `cache_dir`): proves before launch that the data yields rows for this model."""
+    from launcher.data.blocks import load_splits
     from launcher.data.sources import inspect_data
 
-    source = inspect_data(settings.data, settings.text_field)
-    tokenizer = load_tokenizer(settings, model_name)
-    return load_token_blocks(source, tokenizer, seq_len, settings.text_field, cache_dir)
+    check_trainable(plan)
+    source = inspect_data(settings.data, settings.text_field, data_format(settings))
+    tokenization = tokenization_for(plan, settings, source.kind)
+    rows, held = load_splits(
+        settings.data,
+        tokenization,
+        tokenizer or load_tokenizer(settings, model_identity(plan)),
+        cache_dir,
+        eval_data=settings.eval_data,
+        eval_fraction=settings.eval_fraction,
+    )
+    return tokenization, rows, held
 
 
 def steps_for_epochs(epochs: float, n_blocks: int, plan: Plan) -> int:
@@ -116,7 +169,6 @@ def prepare(
     `before_data` is called with the run's identity (its data not yet fingerprinted) and the final ds_config
     once everything but the data's tokens is checked and before anything is written: the caller makes the
     checks that need the final config and checks and locks the folder there."""
-    from launcher.data.blocks import load_token_blocks
     from launcher.data.sources import inspect_data
 
     if plan.chosen is None:
@@ -126,20 +178,23 @@ def prepare(
     if tokenize:  # a real run
         check_nvme_room_for(plan, swap, settings.hostfile)
     final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())  # before the data
-    source = inspect_data(settings.data, settings.text_field)
+    check_trainable(plan)
+    source = inspect_data(settings.data, settings.text_field, data_format(settings))
+    if settings.eval_data:  # in the training data's format
+        inspect_data(settings.eval_data, settings.text_field, source.kind)
+    tokenization = tokenization_for(plan, settings, source.kind)
     pack = tokenize or settings.epochs is not None
     tokenizer = load_tokenizer(settings, model_identity(plan)) if pack else None
     if before_data is not None:
         before_data(run_identity(plan, settings, final.config, None), final.config)
-    blocks = None
+    rows = None
     if pack:
-        cache = out / "cache" if tokenize else None
-        blocks = load_token_blocks(source, tokenizer, plan.workload.seq_len, settings.text_field, cache)
+        _, rows, _ = load_data(plan, settings, out / "cache" if tokenize else None, tokenizer)
     if settings.epochs is not None:  # the schedule's length follows the data: the config is made again for it
-        steps = steps_for_epochs(settings.epochs, len(blocks), plan)
+        steps = steps_for_epochs(settings.epochs, len(rows), plan)
         plan = replace(plan, workload=replace(plan.workload, steps=steps))
         final = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())
-    return assemble(plan, settings, out, final, blocks, launcher_args)
+    return assemble(plan, settings, out, final, rows, launcher_args, tokenization)
 
 
 def assemble(
@@ -147,21 +202,22 @@ def assemble(
     settings: Settings,
     out: Path,
     final: FinalConfig,
-    blocks,
+    rows,
     launcher_args: tuple[str, ...],
+    tokenization: Tokenization,
 ) -> Job:
-    """The Job from its checked parts: the run spec, the final config and the launch command. `blocks`: the
-    packed data (None when it was only inspected)."""
-    spec = run_spec(plan, settings, out, rundir.run_swap_dir(plan, out))
+    """The Job from its checked parts: the run spec, the final config and the launch command. `rows`: the
+    training rows (a TokenSet; None when the data was only inspected)."""
+    spec = run_spec(plan, settings, out, rundir.run_swap_dir(plan, out), tokenization)
     binding = core_binding(plan, settings, launcher_args)
     argv, env = launch.build_command(launch_spec(plan, settings, out, launcher_args, bind_cores=binding.bind))
-    identity = run_identity(plan, settings, final.config, blocks)
-    n_blocks = None if blocks is None else len(blocks)
+    identity = run_identity(plan, settings, final.config, rows)
+    n_blocks = None if rows is None else len(rows)
     notes = () if binding.note is None else (binding.note,)
     return Job(plan, spec, final.config, argv, env, n_blocks, identity, final.warnings, notes)
 
 
-def run_identity(plan: Plan, settings: Settings, ds_config: dict, blocks) -> dict:
+def run_identity(plan: Plan, settings: Settings, ds_config: dict, rows) -> dict:
     """What a checkpoint of this run means, for the resume check (rundir.resume_changes): the model's shape,
     the packed data's fingerprint (None when the data was not tokenized), the workload as DeepSpeed runs it
     (from the final ds_config, so a --ds-config's own values count), the strategy, the seed and the steps."""
@@ -181,7 +237,7 @@ def run_identity(plan: Plan, settings: Settings, ds_config: dict, blocks) -> dic
             "vocab_size": model.vocab_size,
         },
         "data_path": str(Path(settings.data).resolve()),
-        "data": None if blocks is None else {"blocks": len(blocks), "sha256": blocks_digest(blocks)},
+        "data": None if rows is None else {"blocks": len(rows), "sha256": rows.digest()},
         "seq_len": plan.workload.seq_len,
         "micro_batch": ds_config["train_micro_batch_size_per_gpu"],
         "grad_accum": ds_config["gradient_accumulation_steps"],
@@ -194,19 +250,11 @@ def run_identity(plan: Plan, settings: Settings, ds_config: dict, blocks) -> dic
         "schedule": scheduler,
         "seed": settings.seed,
         # with --epochs the steps follow the data: unknown until it is tokenized
-        "steps": None if settings.epochs is not None and blocks is None else plan.workload.steps,
+        "steps": None if settings.epochs is not None and rows is None else plan.workload.steps,
     }
 
 
-def blocks_digest(blocks) -> str:
-    """The packed token blocks' contents (sha256 of the int64 array, 16 hex digits): what the ranks train on,
-    whatever the files' paths or times."""
-    import numpy as np
-
-    return hashlib.sha256(np.ascontiguousarray(blocks).data).hexdigest()[:16]
-
-
-def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> RunSpec:
+def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None, tokenization: Tokenization) -> RunSpec:
     """What every rank reads: paths, steps, seed, and the plan's predictions to compare with."""
     memory = plan.chosen.memory
     return RunSpec(
@@ -214,7 +262,11 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None) -> Run
         model=model_identity(plan),
         tokenizer=settings.tokenizer,
         data=str(Path(settings.data).resolve()),
-        text_field=settings.text_field,
+        tokenization=asdict(tokenization),
+        model_kind=plan.model.kind,
+        eval_data=str(Path(settings.eval_data).resolve()) if settings.eval_data else None,
+        eval_fraction=settings.eval_fraction,
+        eval_every=settings.eval_every,
         seq_len=plan.workload.seq_len,
         steps=plan.workload.steps,
         seed=settings.seed,

@@ -60,10 +60,10 @@ def _run_smoke(
     if checked is None:
         return finish(report)
     plan, final = checked
-    blocks = _data_check(plan, settings, report, out)
-    if blocks is None:
+    data = _data_check(plan, settings, report, out)
+    if data is None:
         return finish(report)
-    job = _smoke_job(plan, settings, out, final, blocks, launcher_args, warn)
+    job = _smoke_job(plan, settings, out, final, data, launcher_args, warn)
     warn(f"smoke test: {launch.format_command(job.argv, job.env)}")
     budget = settings.smoke_timeout * 60 - (time.monotonic() - started)
     t0 = time.monotonic()
@@ -109,11 +109,12 @@ def _config_check(
 
 
 def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path):
-    """The data tokenizes into at least one batch for every rank; the packed blocks, or None."""
+    """The data tokenizes into at least one batch for every rank: (its Tokenization, the training rows), or
+    None."""
     t0 = time.monotonic()
     seq_len = plan.workload.seq_len
     try:
-        blocks = prepare.load_blocks(settings, prepare.model_identity(plan), seq_len, out / "cache")
+        tokenization, blocks, _ = prepare.load_data(plan, settings, out / "cache")
     except OffloadLaunchError as exc:
         report.add(Check("data", False, str(exc), time.monotonic() - t0))
         return None
@@ -124,7 +125,7 @@ def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path):
         return None
     message = f"{len(blocks):,} blocks of {seq_len} tokens from {settings.data}"
     report.add(Check("data", True, message, time.monotonic() - t0))
-    return blocks
+    return tokenization, blocks
 
 
 def _smoke_job(
@@ -132,16 +133,17 @@ def _smoke_job(
     settings: Settings,
     out: Path,
     final: FinalConfig,
-    blocks,
+    data: tuple,
     launcher_args: tuple[str, ...],
     warn: Warn,
 ) -> prepare.Job:
     """The smoke run's folder, written: the host's limits hold, the folder is started over, and the config
-    runs at a constant learning rate (no scheduler: see smoke.default_lr)."""
+    runs at a constant learning rate (no scheduler: see smoke.default_lr). `data`: _data_check's answer."""
     swap = rundir.run_swap_dir(plan, out)
     prepare.check_nvme_room_for(plan, swap, settings.hostfile)
     preflight.enforce(plan, swap, fatal=True, warn=warn, config=final.config)
-    job = prepare.assemble(plan, settings, out, final, blocks, launcher_args)
+    tokenization, rows = data
+    job = prepare.assemble(plan, settings, out, final, rows, launcher_args, tokenization)
     rundir.start_over(out, rundir.RESULT_NAMES + (rundir.SMOKE_RESULT, rundir.SMOKE_CHECKPOINT))
     rundir.claim(out, "smoke", rundir.CONFIG_NAMES + rundir.RESULT_NAMES + rundir.SMOKE_NAMES)
     ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}

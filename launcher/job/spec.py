@@ -25,7 +25,11 @@ class RunSpec:
     seq_len: int
     steps: int
     tokenizer: str | None = None
-    text_field: str = "text"
+    tokenization: dict | None = None  # data/blocks.Tokenization's fields (None: text, streamed as it comes)
+    model_kind: str = "causal-lm"  # inspection ModelProfile.kind: causal-lm or seq2seq-lm
+    eval_data: str | None = None  # held-out data (else eval_fraction of the rows, else no eval loss)
+    eval_fraction: float | None = None
+    eval_every: int = 0  # eval loss every N steps (0: at each checkpoint) and at the end
     seed: int = 0
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int = 2
@@ -44,6 +48,16 @@ class RunSpec:
 
     def dump(self, path: str | Path) -> None:
         write_json_atomic(Path(path), asdict(self))
+
+    def rows_layout(self):
+        """The data's Tokenization (data/blocks.py), as the CLI tokenized it into OUT/cache."""
+        from launcher.data.blocks import Tokenization
+
+        return Tokenization(**(self.tokenization or {"seq_len": self.seq_len}))
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_data is not None or self.eval_fraction is not None
 
     @property
     def out(self) -> Path:

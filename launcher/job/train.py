@@ -104,30 +104,30 @@ def prepare_run(
 KEPT_ON_RESUME = ("zero_stage", "offload_optimizer", "offload_param", "precision")
 
 
-def keep_checkpoint_strategy(settings: Settings, warn: Warn) -> Settings:
+def keep_checkpoint_strategy(settings: Settings) -> tuple[Settings, str | None]:
     """A run that will resume OUT's newest complete checkpoint keeps that checkpoint's ZeRO stage, offload
     devices and precision wherever the user left them to the plan ("auto"): the plan may choose differently
     today (finished runs calibrate it, rates get measured, memory is freed), and a checkpoint resumes only under
     the strategy that wrote it (rundir.resume_changes), so "rerun the same command" must mean the same strategy.
-    A kept value that the other settings contradict is left to the resume check, which names what differs."""
+    A kept value that the other settings contradict is left to the resume check, which names what differs.
+    Returns the settings and the line that says what was kept (the caller says it once the resume goes ahead)."""
     out = output_dir(settings)
     previous = (rundir.read_marker(out) or {}).get("run") if settings.resume else None
     if not previous or not (step := rundir.newest_checkpoint_step(out)):
-        return settings
+        return settings, None
     kept = {
         name: str(previous[name])
         for name in KEPT_ON_RESUME
         if getattr(settings, name) == "auto" and str(previous.get(name)) in declaration(name).choices
     }
     if not kept:
-        return settings
+        return settings, None
     try:
         resumed = replace(settings, **kept)
     except UserInputError:
-        return settings
+        return settings, None
     said = ", ".join(f"{declaration(name).flag} {value}" for name, value in kept.items())
-    warn(f"resuming {out} after step {step}: keeping its checkpoint's {said} (--no-resume plans afresh)")
-    return resumed
+    return resumed, f"resuming {out} after step {step}: keeping its checkpoint's {said} (--no-resume plans afresh)"
 
 
 def needs_rates(plan: Plan, settings: Settings) -> bool:

@@ -41,7 +41,8 @@ class Candidate:
 
 
 def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> timing.Shape:
-    """What the step-time model needs of the model and the workload."""
+    """What the step-time model needs of the model and the workload (an encoder-decoder's both stacks: timing
+    [enc-dec])."""
     return timing.Shape(
         params=model.params,
         compute_params=model.compute_params,
@@ -53,6 +54,8 @@ def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> 
         grad_accum=grad_accum,
         recompute=workload.activation_checkpointing,
         vocab=model.vocab_size,
+        cross_layers=model.cross_attention_layers,
+        attention_width=model.attention_width,
     )
 
 

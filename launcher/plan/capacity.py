@@ -150,4 +150,6 @@ def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
         vocab_size=model.vocab_size,
         persistent_params=model.params_below(buckets.param_persistence_threshold),
         param_numels=model.param_numels,
+        cross_attention_layers=model.cross_attention_layers,
+        attention_width=model.attention_width,
     )

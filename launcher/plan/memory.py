@@ -18,7 +18,27 @@ Sources:
             reduce_bucket_size values ... 5e8 x 2Bytes x 2 x 4.5".
   [Korth]   Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
             eq. 1: activations per layer = s·b·h·(34 + 5·a·s/h) bytes; the 5·a·s²·b score term is not
-            stored by SDPA/FlashAttention (Dao et al. 2022), which transformers uses by default.
+            stored by SDPA/FlashAttention (Dao et al. 2022), which transformers uses by default (for T5, BART
+            and BERT too: transformers 5.24 builds them with attn_implementation "sdpa"). §4.1 itemises the 34:
+            attention 11·s·b·h (the q/k/v projections' shared input 2, Q and K 4, V 2, the output projection's
+            input 2, its dropout mask 1), MLP 19·s·b·h (input 2, the 4h-wide activation's input 8 and the second
+            linear's input 8, dropout mask 1), two layer norms' inputs 4·s·b·h. The terms it writes in h are
+            at the attention's inner width d = a·d_head (Q, K, V and the output projection's input: 8·s·b·d),
+            which the paper takes equal to h, as for every causal LM bundled here; T5-11B's is 16·h. So a
+            block holds s·b·(26·h + 8·d), 34·s·b·h where d = h. The MLP stays the paper's 4h-wide one: T5-11B's
+            64h-wide MLP holds more than counted (docs/planning.md "Model families").
+  [enc-dec] An encoder-decoder (Vaswani et al. 2017, §3.1-3.2; Raffel et al. 2020, "Exploring the Limits of
+            Transfer Learning with a Unified Text-to-Text Transformer" (T5), §3.1.1: "the encoder and decoder
+            are each similar in size and configuration to a BERT-BASE stack"; Hugging Face's T5 docs: the
+            model is trained with input_ids (the source) and labels (the target)) runs the source through the
+            encoder blocks and the target through the decoder blocks, each of which adds a cross-attention
+            sublayer: queries from the target, keys and values from the encoder's output. The planner takes
+            --seq-len s as s source and s target tokens (an assumption: where the targets are shorter, as in
+            T5's span-corruption pre-training, it errs on the side of more decoder work and memory). A
+            cross-attention sublayer holds [Korth]'s attention
+            terms and a layer norm's input: s·b·(5·h + 8·d) bytes (13·s·b·h where d = h); the encoder's output,
+            which every decoder block reads, is held once (2·s·b·h). One stack (a causal LM, an encoder such as
+            BERT) is the case of no cross-attention sublayers.
   [DS-swap] DeepSpeed swap_tensor/: optimizer swapper pins buffer_count buffers of the largest
             sub-group (fp32); parameter swapper pins buffer_count x buffer_size elements (fp16). Both come
             from the aio handle's `new_cpu_locked_tensor` (posix_memalign + mlock): exact sizes.
@@ -362,21 +382,40 @@ def persistent_param_bytes(small_params: int) -> int:
 # ------------------------------------------------------------------------------------- activations
 
 
-def activation_bytes(seq_len: int, micro_batch: int, hidden: int, layers: int, checkpointing: bool) -> int:
-    """[Korth] 34·s·b·h bytes per layer without the attention-score term (SDPA). With activation
-    checkpointing only each layer's 2-byte input is kept, plus one layer's activations while it is
-    recomputed in backward."""
-    per_layer = 34 * seq_len * micro_batch * hidden
-    if not checkpointing:
-        return per_layer * layers
-    return BYTES_16BIT * seq_len * micro_batch * hidden * layers + per_layer
-
-
-def offloaded_activation_numels(seq_len: int, micro_batch: int, hidden: int, layers: int, vocab: int) -> list[int]:
-    """[act-offload] the bytes of each tensor save_on_cpu moves per micro-batch: L + 2 16-bit hidden states (each
-    layer's input, the final norm's, the head's) and the fp32 logits."""
+def activation_bytes(
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    layers: int,
+    checkpointing: bool,
+    *,
+    cross_attention_layers: int = 0,
+    attention_width: int = 0,
+) -> int:
+    """[Korth] s·b·(26·h + 8·d) bytes per block (34·s·b·h where the attention width d = h) without the
+    attention-score term (SDPA), and [enc-dec] s·b·(5·h + 8·d) per cross-attention sublayer (13·s·b·h) plus the
+    encoder's output once (2·s·b·h), each stack over its s tokens. With activation checkpointing only each block's
+    2-byte input (and the encoder's output, every decoder block's other input) is kept, plus the largest block's
+    activations while it is recomputed in backward."""
     tokens = seq_len * micro_batch
-    return [BYTES_16BIT * tokens * hidden] * (layers + 2) + [BYTES_FP32 * tokens * vocab]
+    d = attention_width or hidden
+    block = (26 * hidden + 8 * d) * tokens
+    cross = (5 * hidden + 8 * d) * tokens if cross_attention_layers else 0
+    encoder_output = BYTES_16BIT * tokens * hidden if cross_attention_layers else 0
+    if not checkpointing:
+        return block * layers + cross * cross_attention_layers + encoder_output
+    return BYTES_16BIT * tokens * hidden * layers + encoder_output + block + cross
+
+
+def offloaded_activation_numels(
+    seq_len: int, micro_batch: int, hidden: int, layers: int, vocab: int, cross_attention_layers: int = 0
+) -> list[int]:
+    """[act-offload] the bytes of each tensor save_on_cpu moves per micro-batch: the 16-bit hidden states each
+    stack saves (each block's input, the final norm's input and output: L + 2; [enc-dec] an encoder-decoder has two
+    stacks, L + 4, the encoder's output read by the decoder's cross-attention among them) and the fp32 logits."""
+    tokens = seq_len * micro_batch
+    stacks = 2 if cross_attention_layers else 1
+    return [BYTES_16BIT * tokens * hidden] * (layers + 2 * stacks) + [BYTES_FP32 * tokens * vocab]
 
 
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int) -> int:
@@ -584,6 +623,8 @@ class ModelShape:
     vocab_size: int
     persistent_params: int  # elements in tensors below the persistence threshold
     param_numels: tuple[int, ...] = ()  # every tensor's numel (per-param pinned buffers); () when unknown
+    cross_attention_layers: int = 0  # [enc-dec] decoder blocks with a cross-attention sublayer; 0: one stack
+    attention_width: int = 0  # [Korth] heads x head_dim where it differs from hidden_size; 0: hidden_size
 
 
 def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *, world: int) -> dict[str, int]:
@@ -651,13 +692,24 @@ def estimate(
     if strategy.zero_stage >= 3:
         gpu["live parameters"] = live_param_bytes(p, shape.persistent_params, shape.largest_param_numel, buckets)
         gpu["persistent small params"] = persistent_param_bytes(shape.persistent_params)
-    gpu["activations"] = activation_bytes(seq_len, micro_batch, shape.hidden_size, shape.num_layers, checkpointing)
+    gpu["activations"] = activation_bytes(
+        seq_len,
+        micro_batch,
+        shape.hidden_size,
+        shape.num_layers,
+        checkpointing,
+        cross_attention_layers=shape.cross_attention_layers,
+        attention_width=shape.attention_width,
+    )
+    # [enc-dec] an encoder-decoder's logits are the decoder's, over its s target tokens: the same term
     gpu["logits"] = logits_bytes(seq_len, micro_batch, shape.vocab_size)
     if strategy.offload_activations == "cpu" and checkpointing:
         # [act-offload] the layer inputs wait in pinned CPU RAM; the one being recomputed is back on the GPU
         hidden_state = BYTES_16BIT * seq_len * micro_batch * shape.hidden_size
         gpu["activations"] -= hidden_state * (shape.num_layers - 1)
-        saved = offloaded_activation_numels(seq_len, micro_batch, shape.hidden_size, shape.num_layers, shape.vocab_size)
+        saved = offloaded_activation_numels(
+            seq_len, micro_batch, shape.hidden_size, shape.num_layers, shape.vocab_size, shape.cross_attention_layers
+        )
         cpu_per_rank["offloaded activations (pinned)"] = sum(
             pinned_bytes(b, pinned_round_limit) if has_gpu else b for b in saved
         )

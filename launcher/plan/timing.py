@@ -11,6 +11,19 @@ Sources:
   [Narayanan] Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", eq. 3:
               the attention scores and their weighted sum add 4·s·h FLOPs per token per layer to a forward
               (12·s·h with the backward, 16·s·h with recomputation), beside the weights' 2 FLOPs per parameter.
+              The h there is the attention's inner width d = a·d_head (Q·K^T is 2·s·d per query, the weighted sum
+              of V another 2·s·d), which the paper takes equal to h, as for every causal LM bundled here; T5-11B's
+              is 128 x 128 = 16·h, so its terms are counted at d.
+  [enc-dec]   (memory.py [enc-dec]) An encoder-decoder at --seq-len s: s source tokens through the encoder, s target
+              tokens through the decoder. Each encoder weight multiplies each source token once and each decoder
+              weight each target token once (the cross-attention's key and value projections take the encoder's s
+              output tokens), so a source-target pair of positions costs [seeds-F]'s 6·P (8·P recomputed) with P
+              both stacks' parameters - 6·(P_encoder + P_decoder)·s FLOPs per pair of sequences; a tied embedding
+              counts once, as the head's matmul over the target. Each decoder block's cross-attention adds
+              [Narayanan]'s 4·s·d per target token over the s source tokens, so the attention terms count
+              L_encoder + 2·L_decoder attention sublayers. tokens/s counts the s positions of each pair once, as
+              for a causal LM at --seq-len s. One stack (a causal LM, or an encoder such as BERT, whose attention
+              over all s tokens costs what the counted s·s scores of a causal LM cost) has no cross-attention.
   [roofline]  Williams, Waterman, Patterson 2009, "Roofline": a pass runs no faster than its weights stream from
               device memory; each 16-bit weight is read once per forward and twice per backward (the input
               gradient and the weight gradient), so below ~peak/bandwidth tokens per micro-batch the passes are
@@ -22,6 +35,8 @@ Sources:
               embedding ~50·h B over q and k, the head reshapes ~12·h B, attention's q, k, v in and o out 8·h B,
               the gated MLP's activation and product ~10 x intermediate ≈ 27·h B, two residual adds 12·h B:
               ~170·h B per token in the forward, twice that in the backward, once more when recomputed.
+              [enc-dec] A cross-attention sublayer moves its own norm's ~30·h, the head reshapes' ~12·h, q, k, v in
+              and o out 8·h and a residual add 6·h: ~56·h B per token.
   [seeds-B]   ZeRO-Offload moves 2 B/param of 16-bit gradients down and 2 B/param of updated 16-bit weights
               up per optimizer step: 4 B/param, the minimum, independent of the batch. DeepSpeed's compact
               gradient partition buffer accumulates on the GPU and copies once at the step boundary
@@ -130,8 +145,10 @@ def host_widen_bytes(state_bytes: int) -> int:
 # the widening of the gradients (2 + 4) per micro-batch, a host copy in the passes on the CPU accelerator.
 HOST_UPDATE_BYTES_PER_PARAM = host_update_bytes(BYTES_FP32)
 HOST_WIDEN_BYTES_PER_PARAM = host_widen_bytes(BYTES_FP32)
-# [non-matmul] bytes per token per unit of hidden size of one block's forward elementwise work.
+# [non-matmul] bytes per token per unit of hidden size of one block's forward elementwise work, and of an
+# encoder-decoder's cross-attention sublayer's ([enc-dec]: a norm 30, reshapes 12, q/k/v/o 8, a residual add 6).
 NONMATMUL_BYTES_PER_HIDDEN = 170
+NONMATMUL_CROSS_BYTES_PER_HIDDEN = 30 + 12 + 8 + 6
 # [roofline] times a 16-bit weight is read per micro-batch: once in the forward, twice in the backward, once more
 # in the recomputed forward.
 WEIGHT_READS = 3
@@ -225,9 +242,12 @@ class Shape:
     grad_accum: int = 1
     recompute: bool = False
     vocab: int = 0  # the logits' width ([act-offload] moves the fp32 logits the loss keeps)
+    cross_layers: int = 0  # [enc-dec] decoder blocks with a cross-attention sublayer (0: one stack)
+    attention_width: int = 0  # [Narayanan] heads x head_dim where it differs from `hidden`; 0: `hidden`
 
     @property
     def tokens_per_micro_batch(self) -> int:
+        """Positions per micro-batch: an encoder-decoder's s source and s target tokens count s ([enc-dec])."""
         return self.micro_batch * self.seq_len
 
 
@@ -276,11 +296,15 @@ class StepEstimate:
         }
 
 
-def flops_per_token(params: int, recompute: bool, layers: int = 0, hidden: int = 0, seq_len: int = 0) -> int:
+def flops_per_token(
+    params: int, recompute: bool, layers: int = 0, hidden: int = 0, seq_len: int = 0, cross_layers: int = 0
+) -> int:
     """[seeds-F] 6·P (forward 2·P + backward 4·P), 8·P when activations are recomputed; plus [Narayanan] the
-    attention's 12·L·s·h (16·L·s·h recomputed), when the shape is given."""
+    attention's 12·L·s·d (16·L·s·d recomputed), when the shape is given (`hidden`: the attention width d). An
+    encoder-decoder ([enc-dec]): per source-target pair of positions, P both stacks' parameters, L both stacks'
+    blocks, and `cross_layers` more attention sublayers, the decoder's cross-attention."""
     weights = (8 if recompute else 6) * params
-    attention = (16 if recompute else 12) * layers * seq_len * hidden
+    attention = (16 if recompute else 12) * (layers + cross_layers) * seq_len * hidden
     return weights + attention
 
 
@@ -293,13 +317,17 @@ def compute_seconds(shape: Shape, rates: Rates) -> float:
         scale = shape.tokens_per_micro_batch / rates.passes_tokens if rates.passes_tokens else 1.0
         return per_micro_batch * scale * shape.grad_accum  # another micro-batch (batch advice): in proportion
     tokens = shape.tokens_per_micro_batch * shape.grad_accum
-    flops = flops_per_token(shape.compute_params, shape.recompute, shape.layers, shape.hidden, shape.seq_len)
+    width = shape.attention_width or shape.hidden
+    flops = flops_per_token(
+        shape.compute_params, shape.recompute, shape.layers, width, shape.seq_len, shape.cross_layers
+    )
     t_flops = flops * tokens / rates.compute_flops_per_s
     bandwidth = rates.device_memory_bytes_per_s
     if not bandwidth:
         return t_flops
     passes = 4 if shape.recompute else 3  # the backward counts twice [non-matmul]
-    t_elementwise = passes * NONMATMUL_BYTES_PER_HIDDEN * shape.hidden * shape.layers * tokens / bandwidth
+    per_token = NONMATMUL_BYTES_PER_HIDDEN * shape.layers + NONMATMUL_CROSS_BYTES_PER_HIDDEN * shape.cross_layers
+    t_elementwise = passes * per_token * shape.hidden * tokens / bandwidth
     reads = WEIGHT_READS_RECOMPUTE if shape.recompute else WEIGHT_READS
     t_weights = reads * BYTES_16BIT * shape.compute_params * shape.grad_accum / bandwidth
     return max(t_flops, t_weights) + t_elementwise
@@ -432,9 +460,10 @@ def activation_copy_seconds(shape: Shape, strategy: Strategy, rates: Rates, has_
     accelerator a host copy each way (read and write)."""
     if strategy.offload_activations == "none" or not shape.recompute:
         return 0.0
-    moved = 2 * sum(
-        offloaded_activation_numels(shape.seq_len, shape.micro_batch, shape.hidden, shape.layers, shape.vocab)
+    saved = offloaded_activation_numels(
+        shape.seq_len, shape.micro_batch, shape.hidden, shape.layers, shape.vocab, shape.cross_layers
     )
+    moved = 2 * sum(saved)
     rate = rates.host_device_bytes_per_s(pinned) if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / 2
     return moved * shape.grad_accum / rate if rate else 0.0
 

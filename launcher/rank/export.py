@@ -1,4 +1,5 @@
-"""Export: the trained model as OUT/final, loadable with AutoModelForCausalLM.from_pretrained(OUT/final)."""
+"""Export: the trained model as OUT/final, loadable with AutoModelForCausalLM.from_pretrained(OUT/final)
+(AutoModelForSeq2SeqLM for an encoder-decoder: run.json's model_class says which)."""
 
 from __future__ import annotations
 

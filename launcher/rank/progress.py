@@ -50,10 +50,10 @@ def node_count(world: int, environ: Mapping[str, str]) -> int:
 # ------------------------------------------------------------------------------------------- metrics
 
 
-def read_losses(path: Path) -> list[float]:
+def read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # ------------------------------------------------------------------------------------------- GPU memory
@@ -149,12 +149,12 @@ class PhaseClock:
 
 
 class Metrics:
-    """The steps of this run: OUT/metrics.jsonl (written by rank 0 only, so `enabled` there), the losses of
+    """The steps of this run: OUT/metrics.jsonl (written by rank 0 only, so `enabled` there), the records of
     every step so far (those of an earlier, resumed run included) and this process's step times."""
 
     def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
-        self.losses: list[float] = read_losses(path) if enabled else []
+        self.records: list[dict] = read_records(path) if enabled else []
         self.step_seconds: list[float] = []
         self.phase_seconds: dict[str, list[float]] = {}  # phase -> this process's seconds per step
 
@@ -165,7 +165,11 @@ class Metrics:
                 self.phase_seconds.setdefault(phase, []).append(record[phase])
         if self.enabled:
             append_jsonl(self.path, record)
-            self.losses.append(record["loss"])
+            self.records.append(record)
+
+    @property
+    def losses(self) -> list[float]:
+        return [record["loss"] for record in self.records]
 
 
 # ------------------------------------------------------------------------------------------- summary
@@ -217,19 +221,24 @@ def ratios(measured: dict, predicted: dict) -> dict:
 def run_summary(
     spec: RunSpec,
     setup: dict,
-    losses: list[float],
+    records: list[dict],
     wall: float,
     peak_cpu_rss_bytes: int,
     measured: dict,
     skipped_checkpoints: list[int],
 ) -> dict:
-    """run.json: what ran (`setup`: optimizer, world_size, zero_stage, offload_optimizer, offload_param), and
-    the plan's predictions next to what was measured, with their ratios."""
-    return {
+    """run.json: what ran (`setup`: optimizer, world_size, zero_stage, offload_optimizer, offload_param, ...),
+    the losses and tokens of every step (`records`, metrics.jsonl's: a resumed run's earlier steps too), the
+    held-out loss, and the plan's predictions next to what was measured, with their ratios."""
+    losses = [record["loss"] for record in records]
+    evals = [{"step": r["step"], "eval_loss": r["eval_loss"]} for r in records if "eval_loss" in r]
+    summary = {
         **setup,
         "steps": spec.steps,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "eval_losses": evals,
         "wall_seconds": wall,
         "tokens_per_s": measured["tokens_per_s"],
         "peak_cpu_rss_bytes": peak_cpu_rss_bytes,
@@ -239,6 +248,12 @@ def run_summary(
         "final_dir": str(spec.out / FINAL_DIR),
         "skipped_checkpoints": list(skipped_checkpoints),
     }
+    if any("trained_tokens" in r for r in records):  # what carried loss, and what was read without (prompts)
+        summary["tokens"] = {
+            "trained": sum(r.get("trained_tokens", 0) for r in records),
+            "masked": sum(r.get("masked_tokens", 0) for r in records),
+        }
+    return summary
 
 
 # ------------------------------------------------------------------------------------------- bar

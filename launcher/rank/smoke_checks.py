@@ -31,13 +31,13 @@ def run_checks(trainer: Trainer) -> list[dict]:
     batch: a model that cannot lower the loss on a batch it sees again is broken, whatever the learning-rate
     schedule."""
     checks = [engine_check(trainer)]
-    ids = trainer.first_batch()
-    loss = loss_check(trainer, ids)
+    batch = trainer.first_batch()
+    loss = loss_check(trainer, batch)
     checks += [loss, memory_check(trainer)]
     if "stopped" in loss.details:  # DeepSpeed's fp16 loss scaler gave up: the next step would raise again
         checks.append(Check("checkpoint", None, "not run: training stopped at the minimum fp16 loss scale"))
     elif all(math.isfinite(x) for x in loss.details["losses"]):
-        checks.append(checkpoint_check(trainer, ids))
+        checks.append(checkpoint_check(trainer, batch))
     else:
         checks.append(Check("checkpoint", None, "not run: the weights are no longer finite"))
     checks.append(nvme_cleanup_check(trainer))
@@ -127,7 +127,7 @@ def loss_verdict(
     lead = leading_skips(skipped) if scales is not None else 0
     late = [i for i in range(lead, n) if skipped[i]]
     if not all(math.isfinite(x) for x in losses):
-        return False, f"loss is {losses[-1]} at step {n}; lower --lr, or check the data and precision"
+        return False, f"loss is not finite ({losses[-1]}) at step {n}; lower --lr, or check the data and precision"
     if scales is None and skips:
         return False, (
             f"DeepSpeed skipped {skips} of {n} optimizer steps: the gradients were not finite "
@@ -161,10 +161,10 @@ def loss_verdict(
     return True, f"{first} -> {last} over {len(trained)} steps on one batch, all finite{note}"
 
 
-def loss_check(trainer: Trainer, ids) -> Check:
-    """--steps optimizer steps on the batch `ids`, stopping at the first loss that is not finite. With fp16's
-    dynamic loss scaler, the steps skipped before the first one that trains (the scale calibrating) do not count
-    towards --steps, up to CALIBRATION_STEPS of them."""
+def loss_check(trainer: Trainer, batch: dict) -> Check:
+    """--steps optimizer steps on `batch` (the model's inputs), stopping at the first loss that is not finite.
+    With fp16's dynamic loss scaler, the steps skipped before the first one that trains (the scale calibrating)
+    do not count towards --steps, up to CALIBRATION_STEPS of them."""
     steps, engine = trainer.spec.steps, trainer.engine
     t0 = time.perf_counter()
     scaler = loss_scale(engine.optimizer)
@@ -178,7 +178,7 @@ def loss_check(trainer: Trainer, ids) -> Check:
         if scales is not None:
             scales.append(loss_scale(engine.optimizer)[0])
         try:
-            losses.append(trainer.train_step(lambda _micro: ids, len(losses) + 1))
+            losses.append(trainer.train_step(lambda _micro: batch, len(losses) + 1))
         except Exception as exc:
             if AT_MINIMUM not in str(exc):  # every rank's scaler saw the same (all-reduced) overflow: all raise
                 raise
@@ -278,7 +278,7 @@ def all_digests(trainer: Trainer, zero3: bool) -> dict[str, str]:
     return {name: digest for share in shares for name, digest in share.items()}
 
 
-def checkpoint_check(trainer: Trainer, ids) -> Check:
+def checkpoint_check(trainer: Trainer, batch: dict) -> Check:
     """Save, train one more step (the weights move), load: the weights must be the saved ones exactly (compared
     by digest, one parameter gathered at a time)."""
     t0 = time.perf_counter()
@@ -289,7 +289,7 @@ def checkpoint_check(trainer: Trainer, ids) -> Check:
             trainer.checkpoints.write(folder, "smoke", trainer.spec.steps)
             trainer.dist.barrier()
             saved = all_digests(trainer, zero3)
-            trainer.train_step(lambda _micro: ids)  # no step number: outside the kill-point drill's count
+            trainer.train_step(lambda _micro: batch)  # no step number: outside the kill-point drill's count
             moved = all_digests(trainer, zero3)
             load_path, _ = trainer.checkpoints.load(folder, "smoke")
             restored = all_digests(trainer, zero3)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from launcher.data.sampling import BlockOrder
 from launcher.files import folder_bytes, write_json_atomic
+from launcher.inspection.model import AUTO_CLASSES, auto_class
 from launcher.inspection.passes import enable_recompute
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec
@@ -40,6 +41,8 @@ from launcher.rank.progress import (
     run_summary,
     step_record,
 )
+
+EVAL_MAX_ROWS = 512  # held-out rows an eval loss reads at most (the first of them: the same ones every time)
 
 
 class Trainer:
@@ -64,7 +67,7 @@ class Trainer:
         torch.manual_seed(spec.seed)
 
         self.tokenizer = self._load_tokenizer()
-        self.blocks = self._load_data()
+        self.rows, self.held_out = self._load_data()
         self.model = self._load_model()
         self.engine, *_ = deepspeed.initialize(
             model=self.model,
@@ -81,6 +84,7 @@ class Trainer:
         self.gpu_peaks = GpuPeaks()
         self.gpu_step: dict | None = None  # the last step's GPU figures, max over ranks
         self.phase_seconds: dict = {}  # the last step's seconds per phase (PhaseClock)
+        self.step_tokens: dict = {}  # the last step's trained and masked tokens, all ranks (blocks.count_tokens)
         start_schedule_at_step_one(self.engine.lr_scheduler)
         if spec.nvme_swap_dir and self.local_rank == 0:  # says whose swap files these are (preflight reads it)
             Path(spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)
@@ -102,28 +106,41 @@ class Trainer:
         return tokenizer
 
     def _load_data(self):
-        from launcher.data.blocks import load_token_blocks
-        from launcher.data.sources import inspect_data
+        """(training rows, held-out rows or None), as the CLI tokenized them into OUT/cache (blocks.load_splits)."""
+        from launcher.data.blocks import load_splits
 
-        source = inspect_data(self.spec.data, self.spec.text_field)
-        cache = self.spec.out / "cache"
+        spec = self.spec
 
         def load():
-            return load_token_blocks(source, self.tokenizer, self.spec.seq_len, self.spec.text_field, cache)
+            return load_splits(
+                spec.data,
+                spec.rows_layout(),
+                self.tokenizer,
+                spec.out / "cache",
+                eval_data=spec.eval_data,
+                eval_fraction=spec.eval_fraction,
+            )
 
         # Rank 0 tokenizes and fills the cache; the others then read it instead of tokenizing again.
         if self.rank == 0:
-            blocks = load()
+            rows, held = load()
         self.dist.barrier()
         if self.rank != 0:
-            blocks = load()
-        self.log(f"data: {len(blocks):,} blocks of {self.spec.seq_len} tokens from {self.spec.data}")
-        return blocks
+            rows, held = load()
+        layout = spec.rows_layout()
+        kept = f", {len(held):,} held out for the eval loss" if held is not None else ""
+        self.log(f"data: {len(rows):,} rows of {spec.seq_len} tokens ({layout.format}, {layout.packing}){kept}")
+        return rows, held
 
     def _load_model(self):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        """The model class the export names (AutoModelForCausalLM, or AutoModelForSeq2SeqLM for T5 and BART)."""
+        from transformers import AutoConfig
 
-        dtype = self.torch.bfloat16 if self.ds_config.get("bf16", {}).get("enabled") else self.torch.float16
+        auto = auto_class(self.spec.model_kind)
+
+        # DeepSpeed reads "bfloat16" as the old name of "bf16" (runtime/config.py get_bfloat16_config)
+        bf16 = self.ds_config.get("bf16", self.ds_config.get("bfloat16", {}))
+        dtype = self.torch.bfloat16 if bf16.get("enabled") else self.torch.float16
         if self.ds_config.get("zero_optimization", {}).get("stage") == 3:
             # A live HfDeepSpeedConfig makes from_pretrained/from_config run under deepspeed.zero.Init, so
             # weights are partitioned as they load and no rank holds a full copy (DeepSpeed issues 1814, 5617).
@@ -132,11 +149,11 @@ class Trainer:
             self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # must stay referenced
         kwargs = {"trust_remote_code": self.spec.trust_remote_code}
         if has_weights(self.spec.model):
-            model = AutoModelForCausalLM.from_pretrained(self.spec.model, dtype=dtype, **kwargs)
+            model = auto.from_pretrained(self.spec.model, dtype=dtype, **kwargs)
         else:
             self.log(f"warning: no weights in {self.spec.model}: starting from random initialization")
             config = AutoConfig.from_pretrained(self.spec.model, **kwargs)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+            model = auto.from_config(config, dtype=dtype, **kwargs)
         if self.spec.activation_checkpointing:
             enable_recompute(model)
         model.config.use_cache = False
@@ -144,33 +161,39 @@ class Trainer:
 
     # --------------------------------------------------------------------------------- steps
 
-    def batches(self, order: BlockOrder, step: int) -> Callable[[int], object]:
-        """Micro-batch -> token ids of optimizer step `step` (1-based) on this rank, in BlockOrder's order."""
+    def batches(self, order: BlockOrder, step: int) -> Callable[[int], dict]:
+        """Micro-batch -> the model's inputs of optimizer step `step` (1-based) on this rank, in BlockOrder's
+        order."""
 
-        def batch(micro: int):
-            index = order.batch((step - 1) * self.grad_accum + micro, self.micro_batch)
-            return self.torch.from_numpy(self.blocks[index]).to(self.engine.device)
+        def batch(micro: int) -> dict:
+            return self.inputs(order.batch((step - 1) * self.grad_accum + micro, self.micro_batch))
 
         return batch
 
-    def first_batch(self):
-        """This rank's first micro-batch (the smoke checks train on it again and again)."""
-        order = BlockOrder(len(self.blocks), self.world, self.rank, self.spec.seed)
-        return self.torch.from_numpy(self.blocks[order.batch(0, self.micro_batch)]).to(self.engine.device)
+    def inputs(self, rows: list[int], token_set=None) -> dict:
+        """The model's keyword arguments for these rows (TokenSet.inputs), on the engine's device."""
+        arrays = (token_set or self.rows).inputs(rows)
+        return {name: self.torch.from_numpy(array).to(self.engine.device) for name, array in arrays.items()}
 
-    def train_step(self, batch: Callable[[int], object], step: int | None = None) -> float:
+    def first_batch(self) -> dict:
+        """This rank's first micro-batch (the smoke checks train on it again and again)."""
+        return self.inputs(BlockOrder(len(self.rows), self.world, self.rank, self.spec.seed).batch(0, self.micro_batch))
+
+    def train_step(self, batch: Callable[[int], dict], step: int | None = None) -> float:
         """One optimizer step: forward and backward over the gradient-accumulation micro-batches (`batch(micro)`
-        gives each one's token ids); the loss averaged over micro-batches and ranks. Collective. `step` names it
+        gives each one's inputs); the loss averaged over micro-batches and ranks. Collective. `step` names it
         for the kill-point drill (KILL_AT_ENV=step:N fires after its first backward); None for an extra step."""
+        from launcher.data.blocks import count_tokens
+
         torch = self.torch
         if self.gpu_memory is not None:
             self.gpu_memory.start_step()
-        loss_sum = torch.zeros((), dtype=torch.float32, device=self.engine.device)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.engine.device)  # loss sum, trained, masked
         clock = PhaseClock(self.synchronize)
         for micro in range(self.grad_accum):
-            ids = batch(micro)
+            inputs = batch(micro)
             with self.saved_activations():
-                loss = self.engine(input_ids=ids, labels=ids).loss
+                loss = self.engine(**inputs).loss
             self.engine.backward(loss)
             if step is not None:
                 kill_point("step", step, self.rank)
@@ -178,12 +201,44 @@ class Trainer:
             clock.lap("passes")  # forward, backward and (with overlap_comm) the gradient copies they overlap
             self.engine.step()  # the optimizer step runs at the boundary, after the last micro-batch
             clock.lap("update" if last else "passes")
-            loss_sum += loss.detach().float()
-        self.dist.all_reduce(loss_sum)
+            counts = count_tokens(inputs, self.spec.model_kind == "seq2seq-lm")
+            totals[0] += loss.detach().double()
+            totals[1] += counts["trained"]
+            totals[2] += counts["masked"]
+        self.dist.all_reduce(totals)
         self.phase_seconds = clock.seconds
+        self.step_tokens = {"trained_tokens": int(totals[1].item()), "masked_tokens": int(totals[2].item())}
         if self.gpu_memory is not None:
             self.gpu_step = self._gather_gpu_step(*self.gpu_memory.end_step())
-        return loss_sum.item() / (self.grad_accum * self.world)
+        return totals[0].item() / (self.grad_accum * self.world)
+
+    def evaluate(self) -> float:
+        """The loss over the held-out rows (at most EVAL_MAX_ROWS), weighted by each micro-batch's trained tokens
+        (a model's loss is the mean over its batch's). Collective: every rank runs as many forwards (ZeRO-3
+        gathers the parameters for each); a rank short of rows repeats one with its labels ignored (-100)."""
+        from launcher.data.blocks import IGNORE, count_tokens
+
+        torch, held = self.torch, self.held_out
+        seq2seq = self.spec.model_kind == "seq2seq-lm"
+        n = min(len(held), EVAL_MAX_ROWS)
+        mine = list(range(self.rank, -(-n // self.world) * self.world, self.world))
+        totals = torch.zeros(2, dtype=torch.float64, device=self.engine.device)  # loss x tokens, tokens
+        self.engine.eval()
+        with torch.no_grad():
+            for start in range(0, len(mine), self.micro_batch):
+                rows = mine[start : start + self.micro_batch]
+                inputs = self.inputs([row % n for row in rows], held)
+                for i, row in enumerate(rows):
+                    if row >= n:  # a repeat, only so that every rank runs the same forwards
+                        inputs["labels"][i] = IGNORE
+                tokens = count_tokens(inputs, seq2seq)["trained"]
+                loss = self.engine(**inputs).loss
+                if tokens:
+                    totals[0] += loss.double() * tokens
+                    totals[1] += tokens
+        self.engine.train()
+        self.dist.all_reduce(totals)
+        return totals[0].item() / totals[1].item() if totals[1].item() else float("nan")
 
     def saved_activations(self):
         """Where the forward's saved tensors wait for the backward: with the activations offloaded (the plan's
@@ -227,7 +282,7 @@ class Trainer:
 
     def _train(self, first_step: int, metrics: Metrics) -> None:
         spec = self.spec
-        order = BlockOrder(len(self.blocks), self.world, self.rank, spec.seed)
+        order = BlockOrder(len(self.rows), self.world, self.rank, spec.seed)
         progress = Progress(enabled=self.rank == 0, total=spec.steps, initial=first_step - 1)
         self.engine.train()
         for step in range(first_step, spec.steps + 1):
@@ -237,12 +292,16 @@ class Trainer:
             seconds = time.perf_counter() - t0
             skipped = int(self.engine.skipped_steps)
             record = step_record(step, loss, lr, self.tokens_per_step, seconds, skipped, self.gpu_step)
-            metrics.add({**record, **self.phase_seconds})
+            saves = (spec.save_every and step % spec.save_every == 0) or step == spec.steps
+            due = step % spec.eval_every == 0 if spec.eval_every else saves  # and always after the last step
+            if self.held_out is not None and (due or step == spec.steps):
+                record["eval_loss"] = self.evaluate()
+            metrics.add({**record, **self.step_tokens, **self.phase_seconds})
             progress.update(loss, self.tokens_per_step / seconds)
             if not math.isfinite(loss):
                 progress.close()
                 raise SystemExit(f"loss is {loss} at step {step}; lower --lr or check the data")
-            if (spec.save_every and step % spec.save_every == 0) or step == spec.steps:
+            if saves:
                 self.checkpoints.save(step)
         progress.close()
 
@@ -265,8 +324,19 @@ class Trainer:
             "offload_optimizer": optimizer_at,
             "offload_param": param_at,
             **self.optimizer_layout(),
+            "model_class": AUTO_CLASSES[self.spec.model_kind],
+            "data": self.data_summary(),
         }
-        return run_summary(self.spec, setup, metrics.losses, wall, peak, measured, self.checkpoints.skipped)
+        return run_summary(self.spec, setup, metrics.records, wall, peak, measured, self.checkpoints.skipped)
+
+    def data_summary(self) -> dict:
+        """What the rows are: the data's format and layout, how many rows (held out too) and what tokenizing
+        found (records read, skipped with nothing to train on, cut at --seq-len)."""
+        layout = self.spec.rows_layout()
+        summary = {"format": layout.format, "packing": layout.packing, "rows": len(self.rows), **self.rows.stats}
+        if self.held_out is not None:
+            summary["eval_rows"] = min(len(self.held_out), EVAL_MAX_ROWS)
+        return summary
 
     # --------------------------------------------------------------------------------- resources
 

@@ -69,10 +69,13 @@ def header_lines(plan: Plan) -> list[str]:
     """Model, host and workload: what the plan was made for."""
     m, h, w = plan.model, plan.host, plan.workload
     lines = []
-    lines.append(f"Model     {m.name}  [{m.architecture}, {m.source} config]")
+    lines.append(f"Model     {m.name}  [{m.architecture}, {m.kind}, {m.source} config]")
+    layers = f"{m.num_layers} layers"
+    if m.cross_attention_layers:  # an encoder-decoder: both stacks (memory.py [enc-dec])
+        layers += f" ({m.encoder_layers} encoder + {m.cross_attention_layers} decoder)"
     lines.append(
         f"          {fmt_count(m.params)} params; largest tensor {m.largest_param_name} = "
-        f"{m.largest_param_numel:,}; {m.num_layers} layers, hidden {m.hidden_size}, vocab {m.vocab_size}"
+        f"{m.largest_param_numel:,}; {layers}, hidden {m.hidden_size}, vocab {m.vocab_size}"
     )
     if h.has_gpu:
         gpus = f"{h.gpus.count} x {h.gpus.name} ({fmt_bytes(h.gpus.memory_bytes)})"

@@ -73,6 +73,7 @@ class RunRecord:
     finished: bool  # run.json exists
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
     rate_sources: dict = field(default_factory=dict)  # where each rate of the prediction came from
+    evals: tuple[tuple[int, float], ...] = ()  # (step, held-out loss) where the run measured one
 
     @property
     def title(self) -> str:
@@ -146,6 +147,7 @@ def load_run(run_dir: Path) -> RunRecord:
         finished=bool(summary),
         comparisons=comparisons,
         rate_sources=predicted.get("rate_sources") or (plan.get("rates") or {}).get("sources") or {},
+        evals=tuple((int(r["step"]), _number(r["eval_loss"])) for r in metrics if "eval_loss" in r),
     )
 
 
@@ -205,9 +207,15 @@ def _step_axis(ax, record: RunRecord) -> None:
 
 def _draw_loss(ax, record: RunRecord) -> None:
     marker = "." if len(record.steps) < 50 else ""
-    ax.plot(record.steps, record.losses, color="tab:blue", linewidth=1.5, marker=marker)
+    ax.plot(record.steps, record.losses, color="tab:blue", linewidth=1.5, marker=marker, label="training")
     finite = [x for x in record.losses if math.isfinite(x)]
-    ax.set_title("training loss" + (f"  {finite[0]:.4g} -> {finite[-1]:.4g}" if finite else ""))
+    title = "training loss" + (f"  {finite[0]:.4g} -> {finite[-1]:.4g}" if finite else "")
+    if record.evals:  # the held-out loss, where the run measured it
+        steps, losses = zip(*record.evals, strict=True)
+        ax.plot(steps, losses, color="tab:red", linewidth=1.5, marker="o", label="held-out")
+        ax.legend(loc="upper right", fontsize="small")
+        title += f"  |  held-out {losses[-1]:.4g}"
+    ax.set_title(title)
     _step_axis(ax, record)
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)

@@ -12,9 +12,10 @@ from tests.helpers import host_path
 BROKEN = {
     "train_micro_batch_size_per_gpu": 1,
     "gradient_accumulation_steps": 1,
-    "zero_optimisation": {"stage": 3},
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8},
-    "aio": {"thread_count": 4},
+    "zero_optimisation": {"stage": 3},  # DeepSpeed ignores it: a warning
+    # DeepSpeedZeroConfig refuses both: errors (its 5e8 would be the integer 500000000, a note)
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 15099494.4, "offload_optimiser": {"device": "cpu"}},
+    "aio": {"thread_count": 4},  # DeepSpeed ignores the old name: a warning
 }
 HF_STYLE = {  # what people copy from the Hugging Face docs
     "train_micro_batch_size_per_gpu": "auto",
@@ -35,10 +36,13 @@ def test_check_reports_each_problem_with_its_path_and_exits_2(tmp_path):
     path = write(tmp_path, BROKEN)
     result = CliRunner().invoke(cli, ["check", path, "--model", "meta-llama/Llama-2-7b", "--host-spec", "1x-a100-80g"])
     assert result.exit_code == 2, result.output
+    assert "warning: zero_optimisation: does nothing: DeepSpeed ignores" in result.output
     assert "did you mean 'zero_optimization'?" in result.output
-    assert "zero_optimization.reduce_bucket_size: 500000000.0 is a float" in result.output
-    assert "aio.thread_count: old name of intra_op_parallelism" in result.output
-    assert "4 error(s)" in result.output and "Traceback" not in result.output
+    assert "error: zero_optimization.reduce_bucket_size: 15099494.4 is not a whole number" in result.output
+    assert "error: zero_optimization.offload_optimiser: unknown key" in result.output
+    assert "warning: aio.thread_count: old name of intra_op_parallelism" in result.output
+    # the third error: stage 2 without offload does not fit the 80 GB GPU
+    assert "3 error(s), 2 warning(s)" in result.output and "Traceback" not in result.output
 
 
 def test_check_json_and_a_clean_generated_config(tmp_path):
@@ -79,10 +83,11 @@ def test_ds_config_fills_auto_from_the_plan_and_pins_its_choices(tmp_path):
 def test_ds_config_with_errors_is_refused_in_one_line(tmp_path):
     path = write(tmp_path, BROKEN)
     result = CliRunner().invoke(
-        cli, ["--model", "meta-llama/Llama-2-7b", "--host-spec", "1x-a100-80g", "--ds-config", path, "--dry-run"]
+        cli, ["--model", "launcher/demo/tiny-llama", "--host-spec", "1x-a100-80g", "--ds-config", path, "--dry-run"]
     )
     assert result.exit_code == 2
-    assert "Error: --ds-config: zero_optimisation: unknown key" in result.output and "3 more" in result.output
+    assert "Error: --ds-config: zero_optimization.offload_optimiser: unknown key" in result.output
+    assert "(and 1 more: run offload-launch check on it)" in result.output
 
 
 def test_ds_config_file_errors(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import REPO
 
-BAD_CONFIG = {"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {"stage": 3}}
+BAD_CONFIG = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stgae": 3}}  # DeepSpeedZeroConfig refuses it
 
 
 def offload_launch(*args: str, cwd=REPO) -> subprocess.CompletedProcess:

@@ -35,41 +35,75 @@ def forced_plan(model, host, strategy: Strategy, **workload):
 # ------------------------------------------------------------------------------------------ unknown keys
 
 
+# An error where DeepSpeed refuses the key (its pydantic models: extra="forbid"), a warning where it ignores it (the
+# top level, and the sections DeepSpeedConfig reads key by key): test_deepspeed_refuses_exactly_the_unknown_keys_
+# the_lint_calls_errors checks each level against DeepSpeedConfig itself.
 @pytest.mark.parametrize(
-    ("section", "typo", "path", "hint"),
+    ("section", "typo", "path", "hint", "level"),
     [
-        ("", "zero_optimisation", "zero_optimisation", "zero_optimization"),
+        ("", "zero_optimisation", "zero_optimisation", "zero_optimization", "warning"),
         (
             "zero_optimization",
             "stage3_prefetch_bucket",
             "zero_optimization.stage3_prefetch_bucket",
             "stage3_prefetch_bucket_size",
+            "error",
         ),
         (
             "zero_optimization.offload_optimizer",
             "pin_memroy",
             "zero_optimization.offload_optimizer.pin_memroy",
             "pin_memory",
+            "error",
         ),
-        ("bf16", "enable", "bf16.enable", "enabled"),
-        ("optimizer", "parms", "optimizer.parms", "params"),
-        ("scheduler", "typ", "scheduler.typ", "type"),
-        ("tensorboard", "enabeld", "tensorboard.enabeld", "enabled"),
+        ("bf16", "enable", "bf16.enable", "enabled", "error"),
+        ("optimizer", "parms", "optimizer.parms", "params", "warning"),
+        ("scheduler", "typ", "scheduler.typ", "type", "warning"),
+        ("tensorboard", "enabeld", "tensorboard.enabeld", "enabled", "error"),
         (
             "activation_checkpointing",
             "partition_activation",
             "activation_checkpointing.partition_activation",
             "partition_activations",
+            "warning",
         ),  # schema's list
     ],
 )
-def test_unknown_keys_at_every_level_name_the_nearest(good, section, typo, path, hint):
+def test_unknown_keys_at_every_level_name_the_nearest(good, section, typo, path, hint, level):
     node = good
     for part in section.split(".") if section else ():
         node = node.setdefault(part, {})
     node[typo] = 1
     finding = only(lint.lint(good, None, 1, deepspeed=False), path)
-    assert finding.level == "error" and f"did you mean '{hint}'?" in finding.message
+    assert finding.level == level and f"did you mean '{hint}'?" in finding.message
+    if level == "warning":
+        assert finding.message.startswith(f"does nothing: DeepSpeed ignores the unknown key '{typo}' in ")
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("comms_config", "the key it reads is comms_logger"),
+        ("monitor_config", "the key it reads is tensorboard, wandb, csv_monitor or comet"),
+    ],
+)
+def test_deepspeeds_internal_section_names_are_ignored_keys_with_the_real_one(good, key, hint):
+    # runtime/config.py DeepSpeedConfig: self.comms_config = DeepSpeedCommsConfig(param_dict) reads comms_logger,
+    # self.monitor_config = get_monitor_config(param_dict) the four monitors; a top-level "comms_config" is ignored
+    good[key] = {"enabled": True}
+    findings = lint.lint(good, None, 1)
+    finding = only(findings, key)
+    assert finding.level == "warning" and finding.message.endswith(hint) and errors(findings) == []
+
+
+def test_a_top_level_section_nested_in_zero_optimization_is_refused(good):
+    # the Hugging Face docs' NVMe example nests aio in zero_optimization, which DeepSpeedZeroConfig refuses
+    good["zero_optimization"]["aio"] = {"block_size": 262144}
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "zero_optimization.aio")
+    assert finding.level == "error" and finding.message.endswith(
+        "'aio' is a top-level section, not a key of 'zero_optimization': move it to the top level"
+    )
+    assert "Extra inputs are not permitted" in lint._deepspeed_findings(good)[0].message
 
 
 def test_unknown_nested_offload_and_aio_keys(plan7b):
@@ -85,7 +119,9 @@ def test_aliases_are_valid_and_deprecated_names_warn(good):
     good["zero_optimization"]["prefetch_bucket_size"] = 1000
     good["zero_optimization"]["cpu_offload"] = True
     findings = lint.lint(good, None, 1, deepspeed=False)
-    assert not [f for f in findings if f.path == "zero_optimization.prefetch_bucket_size"]
+    # a valid key (the alias of stage3_prefetch_bucket_size), which this stage-2 config's optimizer never reads
+    prefetch = only(findings, "zero_optimization.prefetch_bucket_size")
+    assert prefetch.level == "warning" and prefetch.message.startswith("does nothing at ZeRO stage 2")
     warning = only(findings, "zero_optimization.cpu_offload")
     assert warning.level == "warning" and warning.message == "deprecated in DeepSpeed; use offload_optimizer"
 
@@ -99,19 +135,49 @@ def test_removed_keys_say_deepspeed_refuses_them(good):
 # ------------------------------------------------------------------------------------------ types
 
 
-def test_float_where_deepspeed_needs_an_int(good):
+def test_an_integral_float_in_a_config_model_is_a_note(good):
+    # DeepSpeedZeroConfig(reduce_bucket_size=5e8) reads it as the integer 500000000 (pydantic lax int_from_float)
     good["zero_optimization"]["reduce_bucket_size"] = 5e8
-    good["train_batch_size"] = 1.0
-    findings = lint.lint(good, None, 1, deepspeed=False)
-    message = "500000000.0 is a float where DeepSpeed needs an integer; write 500000000"
-    assert only(findings, "zero_optimization.reduce_bucket_size").message == message
-    assert only(findings, "train_batch_size").message.endswith("write 1")
+    findings = lint.lint(good, None, 1)
+    assert [str(f) for f in findings] == [
+        "note: zero_optimization.reduce_bucket_size: DeepSpeed reads 500000000.0 as 500000000 (DeepSpeedZeroConfig: "
+        "a float with no fractional part is that integer)"
+    ]
+    assert lint._deepspeed_findings(good) == []
+
+
+def test_a_fractional_float_where_deepspeed_needs_an_int_is_an_error(good):
+    # the Hugging Face Trainer's old "auto" for stage3_prefetch_bucket_size, 0.9 x hidden^2, was fractional
+    good["zero_optimization"] |= {"stage": 3, "stage3_prefetch_bucket_size": 15099494.4}
+    del good["zero_optimization"]["allgather_bucket_size"]
+    findings = lint.lint(good, None, 1)
+    assert errors(findings) == [
+        "error: zero_optimization.stage3_prefetch_bucket_size: 15099494.4 is not a whole number: DeepSpeed's "
+        "DeepSpeedZeroConfig refuses it ('got a number with a fractional part'); write 15099494"
+    ]
+    assert "int_from_float" in lint._deepspeed_findings(good)[0].message
+
+
+def test_a_float_in_a_key_deepspeed_reads_as_written_is_an_error(good):
+    # runtime/config.py get_train_micro_batch_size_per_gpu is a plain dict read: DeepSpeed keeps the float, and
+    # its dataloader (torch's DataLoader) refuses it
+    good.update(train_batch_size=1.0)
+    finding = only(lint.lint(good, None, 1, deepspeed=False), "train_batch_size")
+    assert finding.message == (
+        "1.0 is a float, and DeepSpeed reads train_batch_size as written (no config model converts it), so it gets "
+        "a float where it needs an integer; write 1"
+    )
+    assert dsconfig.deepspeed_errors({"train_micro_batch_size_per_gpu": 2.0}) == []  # DeepSpeedConfig keeps it
+    with pytest.raises(ValueError, match="batch_size should be a positive integer value"):
+        import torch.utils.data
+
+        torch.utils.data.DataLoader(list(range(4)), batch_size=2.0)
 
 
 def test_type_errors_carry_the_json_path(good):
-    good["zero_optimization"]["offload_optimizer"]["pin_memory"] = "true"
+    good["zero_optimization"]["offload_optimizer"]["pin_memory"] = "sometimes"
     finding = only(lint.lint(good, None, 1, deepspeed=False), "zero_optimization.offload_optimizer.pin_memory")
-    assert finding.message == "'true' is not of type 'boolean'"
+    assert finding.message == "'sometimes' is not of type 'boolean'"
 
 
 # ------------------------------------------------------------------------------------------ NVMe and aio
@@ -186,6 +252,7 @@ def test_short_optimizer_swap_buffer_count_warns(mixtral_plan):
 def test_offload_param_below_stage_3(good):
     good["zero_optimization"]["offload_param"] = {"device": "cpu"}
     finding = only(lint.lint(good, None, 1), "zero_optimization.offload_param.device")
+    assert finding.level == "warning"  # DeepSpeed accepts it and runs without it
     assert finding.message.startswith(
         "offload_param needs ZeRO stage 3 (only stage 3 partitions parameters); at stage 2"
     )
@@ -218,7 +285,7 @@ def test_fp16_and_bf16_both_enabled(good):
         (
             lambda c: c.update(bfloat16={"enabled": True}),
             "bfloat16",
-            "DeepSpeed ignores 'bfloat16' (the old name of bf16)",
+            "does nothing: DeepSpeed ignores 'bfloat16' (the old name of bf16)",
         ),
         (
             lambda c: c.update(gradient_allreduce_op="sum", zero_optimization={"stage": 3}),
@@ -230,7 +297,10 @@ def test_fp16_and_bf16_both_enabled(good):
 def test_other_cross_field_rules(good, mutate, path, message):
     mutate(good)
     findings = lint.lint(good, None, 1, deepspeed=False)
-    assert only(findings, path).message.startswith(message) and len(errors(findings)) == 1
+    finding = only(findings, path)
+    assert finding.message.startswith(message)
+    # precision_config.get_bfloat16_config reads bfloat16 only without bf16: ignored, not refused
+    assert len(errors(findings)) == (finding.level == "error")
 
 
 def test_schema_cross_field_rules_are_all_ported():
@@ -491,8 +561,50 @@ configs = st.one_of(st.dictionaries(keys, values, max_size=8), shaped)
 def test_any_json_like_config_gives_findings_never_a_traceback(mixtral_plan, config, world, with_plan, ds):
     before = copy.deepcopy(config)
     findings = lint.lint(config, mixtral_plan if with_plan else None, world, deepspeed=ds)
-    assert all(isinstance(f, lint.Finding) and f.level in ("error", "warning") for f in findings)
+    assert all(isinstance(f, lint.Finding) and f.level in ("error", "warning", "note") for f in findings)
     assert all(isinstance(f.path, str) and f.message for f in findings)
     assert config == before  # lint never mutates its input
     with contextlib.suppress(UserInputError):  # an "auto" with nothing to fill it
         merge.merge_user_config(config, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1})
+
+
+# ------------------------------------------------------------------------------------------ stage no-ops
+
+
+@pytest.mark.parametrize(
+    ("stage", "key", "value", "message"),
+    [
+        (2, "stage3_max_live_parameters", 30_000_000, "does nothing at ZeRO stage 2: DeepSpeed reads it at stage 3"),
+        (2, "sub_group_size", 100_000_000, "does nothing at ZeRO stage 2"),
+        (3, "round_robin_gradients", True, "does nothing at ZeRO stage 3: DeepSpeed reads it at stages 1 and 2 only"),
+        (3, "allgather_bucket_size", 2e8, "does nothing at ZeRO stage 3: DeepSpeed reads it at stages 0, 1 and 2"),
+        (0, "reduce_bucket_size", 50_000_000, "does nothing at ZeRO stage 0: DeepSpeed reads it at stages 1, 2 and 3"),
+        (0, "overlap_comm", True, "does nothing at ZeRO stage 0"),
+        (1, "allgather_partitions", False, "does nothing: DeepSpeed never reads it"),
+        # DeepSpeed's own default (overlap_comm unset is off below stage 3): asks for nothing, says nothing
+        (0, "overlap_comm", False, None),
+        (2, "stage3_max_live_parameters", 1e9, None),
+        (2, "stage3_prefetch_bucket_size", "auto", None),
+    ],
+)
+def test_a_key_the_stage_never_reads_is_a_warning(stage, key, value, message):
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage, key: value}}
+    at = [f for f in lint.lint(config, None, 1) if f.path == f"zero_optimization.{key}" and f.level != "note"]
+    if message is None:
+        assert at == []
+    else:
+        assert [f.level for f in at] == ["warning"] and at[0].message.startswith(message), at
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("allgather_bucket_size", "many"), ("cpu_offload", "sometimes"), ("stage3_max_live_parameters", -1)],
+)
+def test_a_warning_at_a_key_does_not_hide_a_value_deepspeed_refuses(key, value):
+    # stage 3 does not read allgather_bucket_size, stage 2 stage3_max_live_parameters, and cpu_offload is
+    # deprecated: warnings; but DeepSpeedZeroConfig refuses these values, which is the error
+    stage = 3 if key == "allgather_bucket_size" else 2
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage, key: value}}
+    finding = only(lint.lint(config, None, 1), f"zero_optimization.{key}")
+    assert finding.level == "error"
+    assert dsconfig.deepspeed_errors(config)

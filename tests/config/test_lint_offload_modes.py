@@ -178,6 +178,8 @@ def test_bf16_master_weights_need_a_zero_stage(good):
 )
 def test_bf16_master_weights_with_and_without_offload(good, stage, states, offload, torch_adam, refused):
     good["zero_optimization"]["stage"] = stage
+    if stage == 3:  # the stage-2 config's allgather bucket does nothing at ZeRO-3 (a warning of its own)
+        del good["zero_optimization"]["allgather_bucket_size"]
     good["bf16"] |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": states}
     if not offload:
         without_offload(good)
@@ -504,23 +506,23 @@ def test_configs_with_every_key_validate(stage3, zenflow):
 @pytest.mark.parametrize(
     ("path", "value"),
     [
-        ("zero_optimization.offload_optimizer.ratio", "0.5"),
+        ("zero_optimization.offload_optimizer.ratio", "half"),
         ("zero_optimization.offload_optimizer.ratio", 1.5),
         ("zero_optimization.offload_optimizer.ratio", -0.1),
-        ("zero_optimization.offload_optimizer.super_offload", "true"),
+        ("zero_optimization.offload_optimizer.super_offload", "maybe"),
         ("zero_optimization.offload_optimizer.cpuadam_cores_perc", 2),
-        ("zero_optimization.offload_optimizer.pipeline_read", 1),
-        ("zero_optimization.offload_optimizer.pipeline_write", "yes"),
+        ("zero_optimization.offload_optimizer.pipeline_read", 2),
+        ("zero_optimization.offload_optimizer.pipeline_write", "often"),
         ("zero_optimization.offload_optimizer.fast_init", None),
-        ("bf16.bf16_master_weights_and_grads", "true"),
-        ("bf16.bf16_optimizer_states", 1),
+        ("bf16.bf16_master_weights_and_grads", "sure"),
+        ("bf16.bf16_optimizer_states", 2),
         ("zero_optimization.zenflow", "on"),
         ("zero_optimization.zenflow.topk_ratio", 1),
         ("zero_optimization.zenflow.select_strategy", "steps"),
         ("zero_optimization.zenflow.select_interval", "sometimes"),
         ("zero_optimization.zenflow.update_interval", 0),
-        ("zero_optimization.zenflow.overlap_step", "yes"),
-        ("zero_optimization.zenflow.offload", 1),
+        ("zero_optimization.zenflow.overlap_step", "yes please"),
+        ("zero_optimization.zenflow.offload", [1]),
         ("zero_optimization.zenflow.auto_ratio", 1.5),
         ("zero_optimization.zenflow.full_warm_up_rounds", 1.5),
         ("zero_optimization.zenflow.pt_reserved_cores_perc", "half"),
@@ -540,6 +542,42 @@ def test_a_wrong_type_or_bound_is_one_finding(stage3, zenflow, path, value):
     node[key] = value
     findings = lint.lint(config, None, 1)
     assert only(findings, path).level == "error" and len(errors(findings)) == 1, [str(f) for f in findings]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "read"),
+    [
+        ("zero_optimization.offload_optimizer.ratio", "0.5", 0.5),
+        ("zero_optimization.offload_optimizer.super_offload", "true", True),
+        ("zero_optimization.offload_optimizer.pipeline_read", 1, True),
+        ("zero_optimization.offload_optimizer.pipeline_write", "yes", True),
+        ("bf16.bf16_master_weights_and_grads", "true", True),
+        ("bf16.bf16_optimizer_states", 1, True),
+        ("zero_optimization.zenflow.overlap_step", "yes", True),
+        ("zero_optimization.zenflow.offload", 0, False),
+    ],
+)
+def test_a_value_the_config_model_converts_is_a_note_and_judged_as_read(stage3, zenflow, path, value, read):
+    # DeepSpeed's pydantic models parse in lax mode (runtime/config_utils.py DeepSpeedConfigModel): they accept
+    # these and read them as `read`, so the lint's rules judge the value DeepSpeed reads (reads.py)
+    if path.startswith(ZENFLOW):
+        config = zenflow
+        config["zero_optimization"]["zenflow"] = dict(ZENFLOW_BLOCK)
+    else:
+        config = every_key(stage3)
+    *parents, key = path.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[key] = value
+    node[key] = read
+    expected = lint.lint(config, None, 1)
+    node[key] = value
+    findings = lint.lint(config, None, 1)
+    note = only(findings, path)
+    assert note.level == "note"
+    assert note.message.startswith(f"DeepSpeed reads {json.dumps(value)} as {json.dumps(read)}")
+    assert [f for f in findings if f is not note and f.path != path] == [f for f in expected if f.path != path]
 
 
 # ------------------------------------------------------------------------------------------ offload-launch check

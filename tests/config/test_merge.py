@@ -68,3 +68,80 @@ def test_merge_adds_missing_batch_keys_consistently(llama7b, a100, user, expecte
     generated = dsconfig.render(make_plan(llama7b, a100, Workload(micro_batch=2, grad_accum=4)))
     merged = merge.merge_user_config(user, generated)
     assert tuple(merged[key] for key in BATCH_KEYS) == expected
+
+
+# ------------------------------------------------------------------------------------------ as DeepSpeed reads it
+
+
+def test_merge_writes_floats_as_the_integers_deepspeed_reads(good):
+    # DeepSpeedZeroConfig reads 1e9 as 1000000000 (reads.py); the merged config says so, and the schema takes it
+    user = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8}}
+    merged = merge.merge_user_config(user, good)
+    zero = merged["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 500_000_000 and type(zero["reduce_bucket_size"]) is int
+    assert type(zero["allgather_bucket_size"]) is int and dsconfig.schema_errors(merged) == []
+    assert type(user["zero_optimization"]["reduce_bucket_size"]) is float  # the user's dict untouched
+
+
+def test_an_auto_precision_left_off_gets_the_plans_section(good):
+    # the Hugging Face docs' configs set only fp16.enabled "auto": on a bf16 plan it is false, and without a bf16
+    # section DeepSpeed would train in fp32 (precision_config: both default to disabled)
+    merged = merge.merge_user_config({"fp16": {"enabled": "auto", "loss_scale": 0}}, good)
+    assert merged["fp16"] == {"enabled": False, "loss_scale": 0} and merged["bf16"] == good["bf16"]
+    # set by the user, the precision is theirs
+    merged = merge.merge_user_config({"fp16": {"enabled": "auto"}, "bf16": {"enabled": False}}, good)
+    assert merged["bf16"] == {"enabled": False}
+    assert "bf16" not in merge.merge_user_config({"fp16": {"enabled": False}}, good)
+
+
+@pytest.mark.parametrize(
+    ("zero", "expected"),
+    [
+        # DeepSpeed runs no parameter offload below ZeRO-3 (lint: a warning), and "nvme" optimizer states in RAM
+        ({"stage": 2, "offload_param": {"device": "cpu"}}, {"offload_optimizer": "none", "offload_param": "none"}),
+        (
+            {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}},
+            {"offload_optimizer": "cpu", "offload_param": "none"},
+        ),
+        # an absent section is DeepSpeed's default, no offload; "3.0" is stage 3 to DeepSpeedZeroConfig
+        ({"stage": 3.0}, {"zero_stage": "3", "offload_optimizer": "none", "offload_param": "none"}),
+        ({"stage": 3, "offload_optimizer": {"device": "auto"}}, {"offload_param": "none"}),  # the plan's choice
+        (
+            {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}},
+            {"offload_optimizer": "none", "offload_param": "nvme", "nvme_path": "/nvme"},
+        ),
+    ],
+)
+def test_pins_are_what_deepspeed_runs(zero, expected):
+    pins = merge.pins_from_config({"zero_optimization": zero})
+    assert pins == {"zero_stage": str(int(zero["stage"]))} | expected
+
+
+def test_the_old_bfloat16_name_pins_bf16():
+    # precision_config.get_bfloat16_config reads 'bfloat16' when 'bf16' is absent (DeepSpeed-Chat writes it)
+    assert merge.pins_from_config({"bfloat16": {"enabled": True}})["precision"] == "bf16"
+    assert "precision" not in merge.pins_from_config({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}})
+
+
+def test_a_key_deepspeed_ignores_is_a_warning_and_the_run_goes_on(tmp_path):
+    from launcher.config.final import UserConfig, final_config
+    from launcher.inspection.hostspec import load_host_spec
+    from launcher.inspection.model import inspect_model
+    from tests.helpers import host_path
+
+    plan = make_plan(
+        inspect_model("launcher/demo/tiny-llama"), load_host_spec(host_path("1x-rtx4090-24g")), Workload(zero_stage="3")
+    )
+    user = {
+        "zero_optimization": {"stage": 3, "sub_group_size": 1e9},
+        "comms_config": {"enabled": True},  # DeepSpeedConfig's attribute name; the key is comms_logger
+        "aio": {"thread_count": 2},
+    }
+    final = final_config(plan, UserConfig("mine.json", user))
+    assert final.config["comms_config"] == {"enabled": True}  # kept: the config stays the user's
+    assert final.config["zero_optimization"]["sub_group_size"] == 1_000_000_000
+    assert [w.split(": ")[1] for w in final.warnings] == ["warning", "warning"]
+    assert any("comms_config" in w and "the key it reads is comms_logger" in w for w in final.warnings)
+    assert not any("sub_group_size" in w for w in final.warnings)  # a note is check's, not the run's
+    with pytest.raises(dsconfig.InvalidDsConfig, match="comms_config"):  # the schema alone refuses it
+        dsconfig.validate(final.config, plan.world_size)

@@ -1,5 +1,5 @@
 """Readers never raise: undecodable, binary or malformed input in every format (and a path that cannot be read)
-is one line, `FILE[:LINE]: problem; what to do`, from inspect_data or, deeper in a file, from load_token_blocks."""
+is one line, `FILE[:LINE]: problem; what to do`, from inspect_data or, deeper in a file, from token_rows."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.data import sources
-from launcher.data.blocks import load_token_blocks
 from launcher.data.sources import inspect_data
-from tests.data.corpus import DOCS, one_line_error, write_arrow, write_jsonl, write_parquet
+from tests.data.corpus import DOCS, one_line_error, token_rows, write_arrow, write_jsonl, write_parquet
 from tests.helpers import REPO
 
 NOT_UTF8 = "is not UTF-8 text (the file looks binary or is in another encoding); convert it to UTF-8 (iconv -t UTF-8)"
@@ -27,8 +26,8 @@ MANY = 2000  # records before the bad ones: past what inspect_data reads (100 re
 
 
 def load_error(path: Path, tokenizer, **kwargs) -> str:
-    """The one-line error load_token_blocks raises for data that inspect_data accepts."""
-    return one_line_error(load_token_blocks, inspect_data(str(path), **kwargs), tokenizer, 2, **kwargs)
+    """The one-line error token_rows raises for data that inspect_data accepts."""
+    return one_line_error(token_rows, inspect_data(str(path), **kwargs), tokenizer, 2, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------ not UTF-8 text
@@ -310,7 +309,7 @@ arrow = next(saved.glob("*.arrow"))
 offsets = struct.pack("<3i", 0, 8, 22)  # where each string starts: the last one now points 1 GiB past the end
 arrow.write_bytes(arrow.read_bytes().replace(offsets, struct.pack("<3i", 0, 8, 1 << 30)))
 try:
-    list(_records(inspect_data(str(saved)), "text"))
+    list(_records(inspect_data(str(saved)), ("text",)))
 except UserInputError as err:
     print(err)
 """
@@ -366,7 +365,7 @@ def test_a_file_that_became_a_directory_or_a_broken_link(tmp_path, tokenizer):
     source = inspect_data(str(path))
     path.unlink()
     path.mkdir()
-    assert one_line_error(load_token_blocks, source, tokenizer, 2) == (
+    assert one_line_error(token_rows, source, tokenizer, 2) == (
         f"{path}: cannot read it (Is a directory); make it readable or pass another path"
     )
     folder = tmp_path / "folder"
@@ -382,5 +381,5 @@ def test_good_data_still_reads_after_the_checks(tmp_path, tokenizer):
     """The checks cost nothing on good data: non-ASCII text, \\r\\n line ends, a BOM-free UTF-8 file."""
     path = tmp_path / "data.jsonl"
     path.write_bytes("".join(json.dumps({"text": d + " café 東京"}) + "\r\n" for d in DOCS).encode())
-    blocks = load_token_blocks(inspect_data(str(path)), tokenizer, 1)
+    blocks = token_rows(inspect_data(str(path)), tokenizer, 1)
     assert len(blocks) == 15 + 3 * 2  # each document gains two unknown words ([UNK])

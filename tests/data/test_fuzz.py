@@ -1,6 +1,6 @@
 """A fuzz test that no bytes make the data readers raise anything but UserInputError (hypothesis): random bytes,
 and valid files of every format truncated, with bytes flipped or inserted, read by inspect_data and, when it
-accepts them, tokenized by load_token_blocks with a small byte-level BPE tokenizer."""
+accepts them, tokenized by token_rows with a small byte-level BPE tokenizer."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.data.blocks import load_token_blocks
 from launcher.data.sources import inspect_data
 from launcher.errors import UserInputError
-from tests.data.corpus import DOCS, WRITERS
+from tests.data.corpus import DOCS, WRITERS, token_rows
 
 TEXTS = [*DOCS, "café 東京 🙂 naïve", 'a "quoted", comma\tand tab', ""]
 COLUMNS = {"text": TEXTS, "input_ids": [[2, 3, 4], [5], [], [6, 7], [8, 1], [9]]}
@@ -97,7 +96,7 @@ def test_any_bytes_in_any_format_give_one_line_or_blocks(valid, bpe_tokenizer, d
         path = root / "saved" if fmt == "arrow" else root / f"data{SUFFIXES[fmt]}"
         try:
             source = inspect_data(str(path))
-            blocks = load_token_blocks(source, bpe_tokenizer, seq_len)
+            blocks = token_rows(source, bpe_tokenizer, seq_len)
         except UserInputError as err:
             message = str(err)
             assert message and "\n" not in message and "\r" not in message, message

@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from launcher.data.blocks import load_token_blocks
 from launcher.data.sources import inspect_data
 from launcher.errors import UserInputError
-from tests.data.corpus import DOCS, WRITERS, one_line_error, stream, write_csv, write_jsonl
+from tests.data.corpus import DOCS, WRITERS, one_line_error, stream, token_rows, write_csv, write_jsonl
 from tests.helpers import REPO
 
 DEMO = REPO / "launcher" / "demo"
@@ -28,7 +27,7 @@ def test_every_format_packs_the_same_eos_separated_stream(fmt, tmp_path, tokeniz
     assert source.fields == ("text",)
     assert not source.has_input_ids
     assert source.files == (() if fmt == "arrow" else (str(path),))
-    blocks = load_token_blocks(source, tokenizer, seq_len=5)
+    blocks = token_rows(source, tokenizer, seq_len=5)
     assert blocks.dtype == np.int64
     assert blocks.tolist() == np.array(stream(DOCS)).reshape(3, 5).tolist()
 
@@ -36,11 +35,11 @@ def test_every_format_packs_the_same_eos_separated_stream(fmt, tmp_path, tokeniz
 @pytest.mark.parametrize("fmt", ["arrow", "jsonl", "json", "parquet", "csv"])
 def test_text_field_other_than_text(fmt, tmp_path, tokenizer):
     path = WRITERS[fmt](tmp_path, {"id": ["a", "b", "c"], "body": DOCS})
-    with pytest.raises(UserInputError, match="no 'text' field"):
+    with pytest.raises(UserInputError, match="'text' or 'input_ids' field; its fields are id, body"):
         inspect_data(str(path))
     source = inspect_data(str(path), text_field="body")
     assert source.fields == ("id", "body")
-    assert load_token_blocks(source, tokenizer, seq_len=15, text_field="body").tolist() == [stream(DOCS)]
+    assert token_rows(source, tokenizer, seq_len=15, text_field="body").tolist() == [stream(DOCS)]
 
 
 def test_json_variants_dict_of_columns_and_json_lines(tmp_path, tokenizer):
@@ -50,10 +49,10 @@ def test_json_variants_dict_of_columns_and_json_lines(tmp_path, tokenizer):
     lines.parent.mkdir()
     lines.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     for path in (columns, lines):
-        assert load_token_blocks(inspect_data(str(path)), tokenizer, seq_len=15).tolist() == [stream(DOCS)]
+        assert token_rows(inspect_data(str(path)), tokenizer, seq_len=15).tolist() == [stream(DOCS)]
     single = tmp_path / "single.json"
     single.write_text(json.dumps({"text": DOCS[0], "id": 1}))
-    assert load_token_blocks(inspect_data(str(single)), tokenizer, seq_len=5).tolist() == [stream(DOCS[:1])]
+    assert token_rows(inspect_data(str(single)), tokenizer, seq_len=5).tolist() == [stream(DOCS[:1])]
     scalars = tmp_path / "scalars.json"
     scalars.write_text(json.dumps(DOCS))
     assert "expected a list of JSON objects, a dict of columns, or JSON Lines" in one_line_error(
@@ -72,7 +71,7 @@ def test_dataset_dict_uses_train_split_or_the_only_split(tmp_path, tokenizer):
     for name in ("both", "only"):
         source = inspect_data(str(tmp_path / name))
         assert source.format == "arrow"
-        assert load_token_blocks(source, tokenizer, seq_len=15).tolist() == [stream(DOCS)]
+        assert token_rows(source, tokenizer, seq_len=15).tolist() == [stream(DOCS)]
     with pytest.raises(UserInputError, match="holds splits a, b and none is 'train'"):
         inspect_data(str(tmp_path / "neither"))
 
@@ -85,7 +84,7 @@ def test_folder_is_read_recursively_in_sorted_order_skipping_other_files(tmp_pat
     (tmp_path / ".hidden.jsonl").write_text('{"text": "adam adam"}\n')
     source = inspect_data(str(tmp_path))
     assert source.files == (str(tmp_path / "a.jsonl"), str(tmp_path / "sub" / "b.jsonl"))
-    assert load_token_blocks(source, tokenizer, seq_len=15).tolist() == [stream(DOCS)]
+    assert token_rows(source, tokenizer, seq_len=15).tolist() == [stream(DOCS)]
 
 
 # ------------------------------------------------------------------------------------------ user errors
@@ -118,8 +117,9 @@ def test_inspect_errors_each_say_what_and_what_to_do(tmp_path):
 def test_missing_text_field_names_the_fields_and_the_flag(tmp_path):
     path = write_jsonl(tmp_path, {"title": ["a"], "body": ["b"]})
     assert one_line_error(inspect_data, str(path)) == (
-        f"no 'text' field (and no 'input_ids') in {path}; its fields are title, body; "
-        f"pass --text-field with the one holding the text"
+        f"nothing to train on in {path}: no 'messages', 'instruction'+'output', 'prompt'+'completion', "
+        "'source'+'target', 'text' or 'input_ids' field; its fields are title, body; pass --text-field with the one "
+        "holding the text"
     )
 
 
@@ -144,6 +144,6 @@ def test_demo_assets_load_and_pack():
         False,
         False,
     )
-    blocks = load_token_blocks(inspect_data(str(DEMO / "data" / "train.jsonl")), tokenizer, seq_len=128)
+    blocks = token_rows(inspect_data(str(DEMO / "data" / "train.jsonl")), tokenizer, seq_len=128)
     assert blocks.shape == (462, 128) and int(blocks.max()) < len(tokenizer)
     assert int((blocks == tokenizer.eos_token_id).sum()) in (659, 660)  # one EOS per document; the tail may be cut

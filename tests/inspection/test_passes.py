@@ -69,3 +69,46 @@ def test_cuts_that_would_take_too_long_are_not_built(tmp_path):
     llama = inspect_model("meta-llama/Llama-2-7b")
     assert measure(llama, tmp_path, said, micro_batch=4, seq_len=2048) is None
     assert said == []
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_an_encoder_decoder_is_cut_in_both_stacks_and_timed_on_source_and_target(tmp_path, family):
+    """Cut to 1 and 3 blocks per stack: 2 and 6 blocks, so a block is the mean of an encoder and a decoder block."""
+    from transformers import BartConfig, T5Config
+
+    config = (
+        T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=4, num_heads=4, decoder_start_token_id=0)
+        if family == "t5"
+        else BartConfig(
+            vocab_size=128,
+            d_model=64,
+            encoder_layers=4,
+            decoder_layers=4,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=64,
+        )
+    )
+    profile = inspect_model(str(save_config(config, tmp_path / family)))
+    assert profile.kind == "seq2seq-lm" and profile.cross_attention_layers == 4
+    said: list[str] = []
+    result = measure(profile, tmp_path, said)
+    assert result is not None, said
+    assert result["cut_layers"] == [1, 3] and result["cut_blocks"] == [2, 6]
+    one, three = result["cut_seconds"]
+    assert result["per_layer_seconds"] == pytest.approx(max(0.0, (three - one) / 4))
+    assert result["fixed_seconds"] == pytest.approx(max(0.0, one - 2 * result["per_layer_seconds"]))
+
+
+def test_a_model_of_kind_other_is_not_timed(tmp_path):
+    from transformers import BertConfig
+
+    config = BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128
+    )
+    bert = inspect_model(str(save_config(config, tmp_path / "bert")))
+    said: list[str] = []
+    assert bert.kind == "other"
+    assert measure(bert, tmp_path, said) is None and said == []

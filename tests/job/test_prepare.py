@@ -212,3 +212,24 @@ def test_the_job_launches_bound_and_keeps_each_ranks_thread_share(numactl):
     assert len(job.notes) == 1 and "--no-bind-cores" in job.notes[0]
     unbound = prepared(demo_settings(num_gpus=2, bind_cores=False, **OFFLOAD))
     assert "--bind_cores_to_rank" not in unbound.argv and unbound.notes == ()
+
+
+def test_only_causal_and_seq2seq_models_train_and_each_with_data_it_can_learn(tmp_path):
+    """A BERT-shaped encoder is planned (--dry-run without --data) but not trained; a T5 refuses text data, which
+    has no response to learn; both before anything is tokenized."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n")
+    big = host_path("1x-a100-80g")
+    bert = demo_settings(model="bert-large-uncased", host_spec=big)
+    with pytest.raises(UserInputError, match=r"is a BertModel \(bert\): offload-launch trains causal LMs and "):
+        prepared(bert)
+    t5 = demo_settings(model="t5-11b", host_spec=big, seq_len=128)
+    with pytest.raises(UserInputError, match=r"a sequence-to-sequence model trains on prompt/response pairs"):
+        prepared(t5)  # the demo corpus is text
+    with pytest.raises(UserInputError, match=r"not chat data"):
+        prepared(replace(t5, data=str(chat)))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "a", "target": "b"}) + "\n")
+    spec = prepared(replace(t5, data=str(pairs))).spec
+    assert spec.model_kind == "seq2seq-lm" and spec.rows_layout().packing == "seq2seq"
+    assert spec.rows_layout().format == "pairs"

@@ -203,18 +203,17 @@ def test_a_resume_keeps_the_checkpoints_strategy_where_the_plan_chooses(tmp_path
     must still resume, so what the user left at "auto" follows the checkpoint; what they typed does not."""
     finished_run(tmp_path, steps=4, zero_stage="3", offload_optimizer="cpu", offload_param="cpu")
     assert build_plan(demo_settings(steps=6)).chosen.strategy.zero_stage != 3  # today's plan differs
-    said: list = []
-    kept = train.keep_checkpoint_strategy(demo_settings(steps=6), said.append)
+    kept, said = train.keep_checkpoint_strategy(demo_settings(steps=6))
     assert (kept.zero_stage, kept.offload_optimizer, kept.offload_param) == ("3", "cpu", "cpu")
-    assert said == [
+    assert said == (
         "resuming out after step 4: keeping its checkpoint's --zero-stage 3, --offload-optimizer cpu, "
         "--offload-param cpu, --precision bf16 (--no-resume plans afresh)"
-    ]
+    )
     with prepare_run(kept) as run:
         assert run.resume_from == 4 and run.plan.chosen.strategy.zero_stage == 3
-    typed = train.keep_checkpoint_strategy(demo_settings(steps=6, zero_stage="1"), said.append)
+    typed, _ = train.keep_checkpoint_strategy(demo_settings(steps=6, zero_stage="1"))
     assert typed.zero_stage == "1" and typed.offload_optimizer == "auto"  # stage 1 with param->cpu contradicts
     with pytest.raises(UserInputError, match=r"--zero-stage is 1 \(the checkpoint's run used 3\)"):
         prepare_run(typed)
     fresh = demo_settings(steps=6, resume=False)
-    assert train.keep_checkpoint_strategy(fresh, said.append) is fresh and len(said) == 1
+    assert train.keep_checkpoint_strategy(fresh) == (fresh, None)

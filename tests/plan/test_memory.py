@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.inspection.hostspec import load_host_spec
 from launcher.plan import memory
 from launcher.plan.memory import Strategy, model_states
+from tests.helpers import host_path
 
 SEVEN_B = 7 * 10**9  # the seeds' round 7B
 
@@ -339,3 +341,42 @@ def test_the_allocator_setting_is_one_decision_for_the_estimate_and_the_ranks(
     conf = memory.pinned_alloc_conf(accelerator, environ, torch, local_ranks=local)
     assert conf == expected
     assert memory.pinned_round_limit(conf) == (memory.PINNED_ROUND_LIMIT_BYTES if expected else None)
+
+
+# ------------------------------------------------------------------------------------------ model families (issue 16)
+
+
+def test_korthikanti_at_the_attention_width_is_34_sbh_where_it_equals_h():
+    """[Korth] a block holds s·b·(26·h + 8·d): the attention's Q, K, V and output-projection input at its width d."""
+    s, b, h = 512, 2, 1024
+    assert memory.activation_bytes(s, b, h, 1, False, attention_width=h) == 34 * s * b * h
+    assert memory.activation_bytes(s, b, h, 1, False, attention_width=16 * h) == (26 + 8 * 16) * s * b * h
+
+
+def test_an_encoder_decoder_holds_its_cross_attention_and_the_encoder_output():
+    """[enc-dec] 24 encoder + 24 decoder blocks at d = h: 34·s·b·h each, 13·s·b·h more per decoder block for its
+    cross-attention, and the encoder's output (2·s·b·h) once."""
+    s, b, h = 512, 1, 1024
+    full = memory.activation_bytes(s, b, h, 48, False, cross_attention_layers=24)
+    assert full == (48 * 34 + 24 * 13 + 2) * s * b * h
+    ckpt = memory.activation_bytes(s, b, h, 48, True, cross_attention_layers=24)
+    assert ckpt == (2 * 48 + 2 + 34 + 13) * s * b * h  # the inputs, the encoder output, one decoder block
+    one_stack = memory.activation_bytes(s, b, h, 48, True)
+    assert one_stack == (2 * 48 + 34) * s * b * h  # a causal LM's, as before
+
+
+def test_t5_11b_activations_and_offloaded_tensors():
+    from launcher.inspection.model import inspect_model
+    from launcher.plan.capacity import model_shape, size_buckets
+
+    t5 = inspect_model("t5-11b")
+    h, d, s = 1024, 16_384, 512
+    assert (
+        memory.activation_bytes(s, 1, h, 48, True, cross_attention_layers=24, attention_width=d)
+        == ((2 * 48 + 2) * h + (26 * h + 8 * d) + (5 * h + 8 * d)) * s
+    )
+    saved = memory.offloaded_activation_numels(s, 1, h, 48, 32_128, cross_attention_layers=24)
+    assert len(saved) == 48 + 4 + 1  # each block's input, each stack's final norm in and out, the logits
+    host = load_host_spec(host_path("1x-a100-80g"))
+    shape = model_shape(t5, size_buckets(t5, host, memory.Strategy(3, "cpu"), 1, 1))
+    assert (shape.cross_attention_layers, shape.attention_width, shape.num_layers) == (24, d, 48)

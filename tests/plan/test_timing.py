@@ -291,3 +291,43 @@ def test_the_phases_add_up_and_nothing_offloaded_is_no_offload_overhead():
         step = timing.estimate_step(shape(2048), strategy, SEEDS_RATES, world=1, ranks_per_node=1, has_gpu=True)
         assert step.passes_seconds + step.update_seconds == pytest.approx(step.step_seconds)
         assert (step.offload_overhead_fraction == 0) == (not strategy.offloads)
+
+
+# ------------------------------------------------------------------------------------------ model families (issue 16)
+
+
+def test_an_encoder_decoder_costs_6p_per_position_pair_plus_its_cross_attention():
+    """[enc-dec] s source tokens through the encoder's P_e, s target tokens through the decoder's P_d: 6·(P_e + P_d)
+    per pair of positions, the same weights term as a causal LM of P_e + P_d; the attention counts L_e + 2·L_d
+    sublayers at the attention width d."""
+    p, s, d = 11_307_321_344, 512, 16_384
+    enc_dec = timing.flops_per_token(p, False, layers=48, hidden=d, seq_len=s, cross_layers=24)
+    causal = timing.flops_per_token(p, False, layers=48, hidden=d, seq_len=s)
+    assert enc_dec == 6 * p + 12 * (24 + 2 * 24) * s * d
+    assert enc_dec - causal == 12 * 24 * s * d  # the decoder's cross-attention, over the s source tokens
+    assert timing.flops_per_token(p, True, layers=48, hidden=d, seq_len=s, cross_layers=24) == (8 * p + 16 * 72 * s * d)
+
+
+def test_the_step_counts_the_attention_width_and_the_cross_attention_sublayers():
+    rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
+    causal = timing.Shape(SEVEN_B, SEVEN_B, layers=32, hidden=1024, seq_len=512)
+    wide = replace(causal, attention_width=16_384)
+    enc_dec = replace(wide, cross_layers=16)
+    tokens = 512
+    assert timing.compute_seconds(wide, SEEDS_RATES) - timing.compute_seconds(causal, SEEDS_RATES) == pytest.approx(
+        12 * 32 * 512 * (16_384 - 1024) * tokens / 150e12
+    )
+    extra = timing.compute_seconds(enc_dec, rates) - timing.compute_seconds(wide, rates)
+    flops = 12 * 16 * 512 * 16_384 * tokens / 150e12
+    elementwise = 3 * timing.NONMATMUL_CROSS_BYTES_PER_HIDDEN * 1024 * 16 * tokens / 2e12
+    assert extra == pytest.approx(flops + elementwise)
+
+
+def test_t5_11b_plans_from_its_bundled_config_with_both_stacks():
+    plan = make_plan(inspect_model("t5-11b"), load_host_spec(host_path("1x-a100-80g")), Workload())
+    assert plan.model.kind == "seq2seq-lm" and plan.workload.seq_len == 512
+    assert plan.chosen is not None
+    shape = plan.chosen.timing
+    p, s, d = plan.model.params, 512, 128 * 128
+    flops = (8 * p + 16 * (48 + 24) * s * d) * s  # recomputed (activation checkpointing is on by default)
+    assert shape.compute_seconds_per_step >= flops / plan.rates.compute_flops_per_s

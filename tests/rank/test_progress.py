@@ -63,12 +63,15 @@ def test_run_summary_layout_and_values(tmp_path):
     }
     measured = measured_figures([5.0, 2.0, 2.0], 64, 150, 0, None)
     skipped = [2]
-    summary = run_summary(spec, setup, [4.0, 3.0, 2.5], 12.5, 99, measured, skipped)
+    records = [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0, "eval_loss": 3.5}, {"step": 3, "loss": 2.5}]
+    summary = run_summary(spec, setup, records, 12.5, 99, measured, skipped)
     assert list(summary) == [
         *setup,
         "steps",
         "first_loss",
         "final_loss",
+        "eval_loss",
+        "eval_losses",
         "wall_seconds",
         "tokens_per_s",
         "peak_cpu_rss_bytes",
@@ -79,6 +82,8 @@ def test_run_summary_layout_and_values(tmp_path):
         "skipped_checkpoints",
     ]
     assert summary["first_loss"] == 4.0 and summary["final_loss"] == 2.5
+    assert summary["eval_loss"] == 3.5 and summary["eval_losses"] == [{"step": 2, "eval_loss": 3.5}]
+    assert "tokens" not in summary  # steps that did not count their tokens (an earlier version's) say nothing
     assert summary["tokens_per_s"] == 32.0 and summary["steps"] == 3 and summary["wall_seconds"] == 12.5
     assert summary["ratios"] == {"step_seconds": 2.0, "cpu_bytes_per_node": 1.5}
     assert summary["final_dir"] == str(tmp_path / "final")
@@ -86,7 +91,9 @@ def test_run_summary_layout_and_values(tmp_path):
     assert summary["skipped_checkpoints"] == [2]  # a copy
     json.dumps(summary)  # run.json is JSON
     empty = run_summary(spec, setup, [], 1.0, 0, measured, [])
-    assert empty["first_loss"] is None and empty["final_loss"] is None
+    assert empty["first_loss"] is None and empty["final_loss"] is None and empty["eval_loss"] is None
+    counted = [{"step": s, "loss": 1.0, "trained_tokens": 10 * s, "masked_tokens": s} for s in (1, 2)]
+    assert run_summary(spec, setup, counted, 1.0, 0, measured, [])["tokens"] == {"trained": 30, "masked": 3}
 
 
 def test_step_record():

@@ -40,9 +40,9 @@ def test_loss_that_does_not_fall_fails():
 
 def test_a_loss_that_is_not_finite_fails():
     passed, message = loss_verdict([5.0, math.nan], [False, False])
-    assert not passed and message.startswith("loss is nan at step 2")
+    assert not passed and message.startswith("loss is not finite (nan) at step 2")
     passed, message = loss_verdict([5.0, math.inf], [True, True], [65536.0, 65536.0], 1.0)  # fp16 too
-    assert not passed and message.startswith("loss is inf at step 2")
+    assert not passed and message.startswith("loss is not finite (inf) at step 2")
 
 
 def test_skipped_optimizer_steps_fail_even_when_the_loss_falls():
@@ -126,7 +126,7 @@ def fp16_trainer(monkeypatch, engine, steps=3):
 
 def test_loss_check_trains_through_fp16_calibration(monkeypatch):
     engine = Fp16Engine(grads=lambda _trained: 3.0)  # overflows at 65536 (twice: hysteresis) and 32768
-    check = loss_check(fp16_trainer(monkeypatch, engine), ids=None)
+    check = loss_check(fp16_trainer(monkeypatch, engine), batch=None)
     assert check.passed, check.message
     assert check.details["skipped"] == [True, True, True, False, False, False]
     assert check.details["loss_scales"] == [65536.0, 65536.0, 32768.0, 16384.0, 16384.0, 16384.0]
@@ -136,16 +136,16 @@ def test_loss_check_trains_through_fp16_calibration(monkeypatch):
 
 def test_loss_check_fails_fp16_divergence(monkeypatch):
     growing = Fp16Engine(grads=lambda trained: 3.0 * 4**trained)  # the gradients grow as it trains
-    check = loss_check(fp16_trainer(monkeypatch, growing), ids=None)
+    check = loss_check(fp16_trainer(monkeypatch, growing), batch=None)
     assert not check.passed and "after step 4 had trained at 16384" in check.message
 
     never = Fp16Engine(grads=lambda _trained: math.inf)
-    check = loss_check(fp16_trainer(monkeypatch, never), ids=None)
+    check = loss_check(fp16_trainer(monkeypatch, never), batch=None)
     assert not check.passed and check.message.startswith("the fp16 loss scale fell from 65536 to ")
     assert len(check.details["losses"]) == 3 + CALIBRATION_STEPS  # a bounded number of extra steps
 
     floor = Fp16Engine(grads=lambda _trained: math.inf, init_scale=8.0)  # reaches min_loss_scale 1: DeepSpeed raises
-    check = loss_check(fp16_trainer(monkeypatch, floor), ids=None)
+    check = loss_check(fp16_trainer(monkeypatch, floor), batch=None)
     assert not check.passed and check.message.startswith("fp16 gradients overflow at the minimum loss scale")
     assert "stopped" in check.details
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from launcher.data.blocks import TokenSet
 from launcher.data.sampling import BlockOrder
 from launcher.rank import checkpoints
 from launcher.rank.checkpoints import KILL_AT_ENV
@@ -29,7 +30,7 @@ class FakeEngine:
     def __init__(self):
         self.calls: list[str] = []
 
-    def __call__(self, input_ids, labels):
+    def __call__(self, input_ids, labels, **_):
         self.calls.append(f"forward {int(input_ids[0, 0])}")
         return SimpleNamespace(loss=input_ids[0, 0].float())
 
@@ -46,10 +47,15 @@ def trainer(grad_accum=2, world=2, rank=0, blocks=None) -> Trainer:
     t.torch, t.engine, t.rank, t.world, t.grad_accum, t.micro_batch = torch, FakeEngine(), rank, world, grad_accum, 1
     # all_reduce sums over ranks: every rank here had the same loss
     t.dist = SimpleNamespace(all_reduce=lambda tensor: tensor.mul_(world))
-    t.blocks = blocks if blocks is not None else np.arange(40).reshape(20, 2)
+    t.rows = TokenSet({"input_ids": blocks if blocks is not None else np.arange(40).reshape(20, 2)})
     t.gpu_memory, t.gpu_peaks, t.gpu_step = None, GpuPeaks(), None  # the CPU accelerator
-    t.spec = SimpleNamespace(offload_activations=False)
+    t.spec = SimpleNamespace(offload_activations=False, model_kind="causal-lm")
     return t
+
+
+def one(token: int) -> dict:
+    """A micro-batch of one single-token row, as Trainer.inputs makes them."""
+    return {"input_ids": torch.tensor([[token]]), "labels": torch.tensor([[token]])}
 
 
 def test_offloaded_activations_are_saved_through_save_on_cpu():
@@ -58,20 +64,20 @@ def test_offloaded_activations_are_saved_through_save_on_cpu():
     seen = []
 
     class Engine(FakeEngine):
-        def __call__(self, input_ids, labels):
+        def __call__(self, input_ids, labels, **_):
             seen.append(torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
             return super().__call__(input_ids, labels)
 
     for offload in (True, False):
         t = trainer(grad_accum=1, world=1)
-        t.engine, t.spec = Engine(), SimpleNamespace(offload_activations=offload)
-        t.train_step(lambda micro: torch.tensor([[7]]))
+        t.engine, t.spec = Engine(), SimpleNamespace(offload_activations=offload, model_kind="causal-lm")
+        t.train_step(lambda micro: one(7))
     assert seen == [True, False]
 
 
 def test_train_step_runs_every_micro_batch_and_averages_over_micro_batches_and_ranks():
     t = trainer(grad_accum=3, world=2)
-    loss = t.train_step(lambda micro: torch.tensor([[10 * (micro + 1)]]), step=1)
+    loss = t.train_step(lambda micro: one(10 * (micro + 1)), step=1)
     assert loss == pytest.approx((10 + 20 + 30) / 3)
     assert t.engine.calls == [call for n in (10, 20, 30) for call in (f"forward {n}", "backward", "step")]
 
@@ -85,27 +91,32 @@ def test_the_kill_point_fires_after_the_first_backward_of_the_named_step(monkeyp
 
     monkeypatch.setattr(checkpoints.os, "kill", kill)
     monkeypatch.setenv(KILL_AT_ENV, "step:2")
-    t.train_step(lambda micro: torch.tensor([[1]]), step=1)
-    t.train_step(lambda micro: torch.tensor([[1]]))  # an extra step (the smoke checkpoint check's) has no number
+    t.train_step(lambda micro: one(1), step=1)
+    t.train_step(lambda micro: one(1))  # an extra step (the smoke checkpoint check's) has no number
     t.engine.calls.clear()
     with pytest.raises(SystemExit, match="killed"):
-        t.train_step(lambda micro: torch.tensor([[1]]), step=2)
+        t.train_step(lambda micro: one(1), step=2)
     assert t.engine.calls == ["forward 1", "backward"]  # killed before the optimizer step
 
 
 def test_batches_follow_the_block_order_across_steps():
     t = trainer(grad_accum=2, world=1)
-    order = BlockOrder(len(t.blocks), 1, 0, seed=3)
+    blocks = t.rows.arrays["input_ids"]
+    order = BlockOrder(len(blocks), 1, 0, seed=3)
     got = [t.batches(order, step)(micro) for step in (1, 2) for micro in (0, 1)]
-    expected = [torch.from_numpy(t.blocks[order.batch(i, 1)]) for i in range(4)]
-    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    expected = [torch.from_numpy(blocks[order.batch(i, 1)]) for i in range(4)]
+    assert all(
+        torch.equal(a["input_ids"], b) and torch.equal(a["labels"], b) for a, b in zip(got, expected, strict=True)
+    )
+    assert got[0]["labels"].data_ptr() != got[0]["input_ids"].data_ptr()  # evaluate() may ignore a row's labels
 
 
 def test_first_batch_is_the_first_micro_batch_of_step_1():
     t = trainer(grad_accum=2, world=1)
     t.spec = SimpleNamespace(seed=3)
-    order = BlockOrder(len(t.blocks), 1, 0, seed=3)
-    assert torch.equal(t.first_batch(), t.batches(order, 1)(0))
+    order = BlockOrder(len(t.rows), 1, 0, seed=3)
+    first, again = t.first_batch(), t.batches(order, 1)(0)
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
 
 
 def test_planned_placement_reads_the_ds_config():
@@ -130,7 +141,7 @@ GIB = 2**30
 
 def test_the_cpu_accelerator_measures_no_gpu_memory():
     t = trainer(grad_accum=1, world=1)
-    t.train_step(lambda micro: torch.tensor([[1]]), step=1)
+    t.train_step(lambda micro: one(1), step=1)
     assert t.gpu_step is None and t.gpu_bytes_per_device() is None and t.gpu_peaks.measured() is None
     assert not on_cuda(torch, "cpu") and not on_cuda(torch, torch.device("cpu"))
     assert on_cuda(torch, torch.device("cuda", 1)) and on_cuda(torch, "cuda:0")
@@ -179,7 +190,7 @@ def train_step_worker(rank, world, store, folder):
     t = trainer(grad_accum=2, world=world, rank=rank)
     t.dist = dist  # the real all-reduces: the loss's sum and the GPU figures' MAX
     t.gpu_memory = FakeGpuMemory(*RANK_FIGURES[rank])
-    loss = t.train_step(lambda micro: torch.tensor([[10 * (rank + 1)]]), step=1)
+    loss = t.train_step(lambda micro: one(10 * (rank + 1)), step=1)
     result = {"loss": loss, "step": t.gpu_step, "run": t.gpu_peaks.measured(), "started": t.gpu_memory.started}
     result["gpu_bytes_per_device"], result["gathered"] = t.gpu_bytes_per_device(), gathered
     (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
