@@ -235,7 +235,8 @@ def verify(out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO))
-    from launcher.data.blocks import Tokenization, load_token_set
+    from launcher.data.blocks import load_token_set
+    from launcher.data.rows import Tokenization
     from launcher.data.sources import inspect_data
 
     model_dir = out / "tiny-llama"

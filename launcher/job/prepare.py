@@ -31,7 +31,7 @@ from launcher.settings import Settings
 from launcher.views import plan_view
 
 if TYPE_CHECKING:
-    from launcher.data.blocks import Tokenization
+    from launcher.data.rows import Tokenization
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,9 @@ def data_format(settings: Settings) -> str:
 def tokenization_for(plan: Plan, settings: Settings, data_kind: str) -> Tokenization:
     """How the records become rows for this model (data/blocks.py): the data's format, and the layout the
     model can train on (packed documents kept apart where its code can, blocks.packs_documents)."""
-    from launcher.data.blocks import Tokenization, packing_for, packs_documents
+    from launcher.data.blocks import packing_for, packs_documents
     from launcher.data.formats import check_seq2seq_format, read_chat_template
+    from launcher.data.rows import Tokenization
 
     model = plan.model
     if model.kind == "seq2seq-lm":

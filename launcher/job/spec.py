@@ -51,7 +51,7 @@ class RunSpec:
 
     def rows_layout(self):
         """The data's Tokenization (data/blocks.py), as the CLI tokenized it into OUT/cache."""
-        from launcher.data.blocks import Tokenization
+        from launcher.data.rows import Tokenization
 
         return Tokenization(**(self.tokenization or {"seq_len": self.seq_len}))
 

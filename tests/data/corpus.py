@@ -126,7 +126,8 @@ def one_line_error(call, *args, **kwargs) -> str:
 
 def token_rows(source, tokenizer, seq_len: int, text_field: str = "text", cache_dir=None, **layout):
     """The token ids of every row load_token_set makes (text streamed as it comes, unless `layout` says)."""
-    from launcher.data.blocks import Tokenization, load_token_set
+    from launcher.data.blocks import load_token_set
+    from launcher.data.rows import Tokenization
 
     tokenization = Tokenization(seq_len, format=source.kind, text_field=text_field, **layout)
     return load_token_set(source, tokenizer, tokenization, cache_dir).arrays["input_ids"]

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from launcher.data.blocks import Tokenization, cache_key
+from launcher.data.blocks import cache_key
+from launcher.data.rows import Tokenization
 from launcher.data.sources import inspect_data
 from launcher.errors import UserInputError
 from tests.data.corpus import (

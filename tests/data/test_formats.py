@@ -13,16 +13,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from launcher.data import formats
-from launcher.data.blocks import (
-    IGNORE,
-    Tokenization,
-    cache_key,
-    count_tokens,
-    load_splits,
-    load_token_set,
-    packing_for,
-    packs_documents,
-)
+from launcher.data.blocks import cache_key, load_splits, load_token_set, packing_for, packs_documents
+from launcher.data.rows import IGNORE, Tokenization, count_tokens
 from launcher.data.sources import inspect_data
 from launcher.errors import UserInputError
 from launcher.settings import DATA_FORMATS
