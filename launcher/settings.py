@@ -285,6 +285,15 @@ class Settings:
         negatable=True,
         show_default=False,
     )
+    sbatch: str | None = setting(
+        None,
+        "Write a Slurm batch script for this run to FILE and exit, starting nothing: the plan's nodes, tasks and GPUs "
+        "per node, DeepSpeed's hostfile and the rendezvous from the allocation, and this command (docs/slurm.md).",
+        group=Group.TRAIN,
+        metavar="FILE",
+        recipe=False,
+        file=True,
+    )
     # --- what `run` prints or writes
     dry_run: bool = setting(
         False,
@@ -525,6 +534,17 @@ def _smoke_is_not_a_dry_run(values: Mapping[str, object]) -> str | None:
     return None
 
 
+def _sbatch_is_a_training_job(values: Mapping[str, object]) -> str | None:
+    """The batch script runs this command as a training run on the allocation; a smoke test runs here."""
+    if not values.get("sbatch"):
+        return None
+    if values.get("smoke"):
+        return "--sbatch writes a training job and --smoke runs here; drop one"
+    if "data" in values and values["data"] is None:
+        return "--sbatch writes a training job: add --data PATH"
+    return None
+
+
 def _one_eval_source(values: Mapping[str, object]) -> str | None:
     """Held-out loss comes from one place: a file of its own, or a share of the training rows."""
     fraction = values.get("eval_fraction")
@@ -547,6 +567,7 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,
+    _sbatch_is_a_training_job,
     _one_eval_source,
 )
 

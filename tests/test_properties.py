@@ -154,10 +154,26 @@ def models() -> st.SearchStrategy[ModelProfile]:
 # ------------------------------------------------------------------------------------------ hosts
 
 
+# An ideal network (infinitely fast) and GPU links nobody described (not charged): the sweeps over memory, GPUs and
+# nodes below test what fits and what the partitioning saves; real links add each step's collectives as nodes and
+# ranks grow (plan/network.py), which the links' own properties below and tests/plan/test_network.py check.
+IDEAL_NETWORK = st.just(math.inf)
+NETWORKS = st.sampled_from([1e9, 3.125e9, 12.5e9, 25e9, 200e9])  # bytes/s per node: 8 Gb/s to 8 x HDR InfiniBand
+GPU_LINKS = st.none() | st.sampled_from([16e9, 300e9])  # bytes/s per GPU: PCIe 4.0 peers, NVLink 3
+UNDESCRIBED_GPU_LINKS = st.none()
+
+
 @st.composite
-def hosts(draw, gpu_counts: st.SearchStrategy[int] | None = None, with_nvme: bool | None = None) -> HostProfile:
+def hosts(
+    draw,
+    gpu_counts: st.SearchStrategy[int] | None = None,
+    with_nvme: bool | None = None,
+    network: st.SearchStrategy[float] = IDEAL_NETWORK,
+    gpu_links: st.SearchStrategy[float | None] = UNDESCRIBED_GPU_LINKS,
+) -> HostProfile:
     """What a host spec can describe: 0-8 GPUs of 8-141 GiB, 8 GiB-2 TiB RAM, 1-4 nodes, maybe an NVMe drive
-    (`with_nvme`: True always, False never, None either), memlock from 0 to unlimited."""
+    (`with_nvme`: True always, False never, None either), memlock from 0 to unlimited, the nodes' `network` and the
+    GPUs' links to each other (`gpu_links`)."""
     count = draw(gpu_counts if gpu_counts is not None else st.integers(0, 8))
     if count:
         gpus = GpuSpec(
@@ -166,6 +182,7 @@ def hosts(draw, gpu_counts: st.SearchStrategy[int] | None = None, with_nvme: boo
             name=draw(st.sampled_from(["NVIDIA A100-SXM4-80GB", "NVIDIA H100", "Tesla V100", "unknown GPU"])),
             tflops=draw(st.none() | st.floats(10, 2000)),
             compute_capability=draw(st.sampled_from([(8, 0), (9, 0), (8, 6), (7, 0), (7, 5)])),
+            interconnect_bytes_per_s=draw(gpu_links),
         )
     else:
         gpus = GpuSpec(count=0, memory_bytes=0, name="none")
@@ -195,6 +212,7 @@ def hosts(draw, gpu_counts: st.SearchStrategy[int] | None = None, with_nvme: boo
         nvme=nvme,
         cpu_flags=("avx2", "avx512f"),
         cpu_adam_params_per_s=draw(st.none() | st.floats(1e8, 1e10)),
+        network_bytes_per_s=draw(network),
     )
 
 
@@ -491,6 +509,41 @@ def test_more_nodes_never_force_more_offload(scenario):
     check_more_never_hurts([make_plan(model, replace(host, nodes=n), workload) for n in range(1, 5)])
 
 
+@deterministic(150)
+@given(scenarios(hosts(network=NETWORKS, gpu_links=GPU_LINKS)), st.integers(2, 8))
+def test_a_faster_network_never_slows_the_chosen_step(scenario, faster):
+    """The same plan on a network `faster` times as fast (or, on one node, any network): the same strategies fit,
+    and the chosen step is never predicted slower; on one node the network changes nothing."""
+    model, host, workload = scenario
+    slow, fast = (
+        make_plan(model, host, workload),
+        make_plan(model, replace(host, network_bytes_per_s=host.network_bytes_per_s * faster), workload),
+    )
+    assert [c.fits for c in slow.candidates] == [c.fits for c in fast.candidates]
+    if slow.chosen is None:
+        return
+    assert fast.chosen.timing.step_seconds <= slow.chosen.timing.step_seconds * (1 + 1e-9)
+    if host.nodes == 1:
+        assert fast.chosen.timing == slow.chosen.timing
+    else:
+        event("several nodes")
+
+
+@deterministic(100)
+@given(scenarios(hosts(network=NETWORKS, gpu_links=GPU_LINKS)))
+def test_more_nodes_on_a_real_network_still_fit(scenario):
+    """Nodes 1-4 on a finite network: what fits on fewer nodes fits on more (the collectives cost time, not
+    memory), and the chosen step pays for its collectives only with several nodes or described GPU links."""
+    model, host, workload = scenario
+    plans = [make_plan(model, replace(host, nodes=n), workload) for n in range(1, 5)]
+    for smaller, larger in pairwise(plans):
+        if smaller.chosen is not None:
+            assert still_fits(larger, smaller.chosen.strategy)
+    for plan in plans:
+        if plan.chosen is not None and plan.host.nodes == 1 and not host.gpus.interconnect_bytes_per_s:
+            assert plan.chosen.timing.collective_seconds_per_step == 0
+
+
 def test_the_sweeps_do_cross_strategy_boundaries():
     """The monotonicity checks are not vacuous: Qwen2.5-0.5B needs opt->cpu on an 8 GiB GPU and no offload
     on a 141 GiB one; Llama-2-7B next to a 24 GiB GPU needs opt->nvme with 32 GiB of RAM, opt->cpu with 256."""
@@ -567,6 +620,7 @@ def with_unit(units: list[str]) -> st.SearchStrategy[str]:
 
 valid_sizes = with_unit(["MiB", "GiB", "TiB", "GB", "TB"])
 valid_rates = with_unit(["MB/s", "GB/s", "GiB/s"])
+valid_link_rates = with_unit(["Gb/s", "Gbit/s", "Gbps", "Mb/s", "GB/s"])  # bits or bytes (hostspec.link_rate)
 VALID = {  # a strategy for every key a host spec may hold, values the reader accepts
     "name": st.text(max_size=20),
     "gpus": st.fixed_dictionaries(
@@ -575,6 +629,7 @@ VALID = {  # a strategy for every key a host spec may hold, values the reader ac
             "name": st.text(max_size=20),
             "tflops": st.floats(1, 2000) | st.integers(1, 2000),
             "compute_capability": st.sampled_from(["7.0", "8.0", "8.6", "9.0", 8.0]),
+            "interconnect": valid_link_rates,
         },
     ),
     "nodes": st.integers(1, 4),
@@ -596,10 +651,12 @@ VALID = {  # a strategy for every key a host spec may hold, values the reader ac
     "shm": valid_sizes,
     "cpu_memory_bandwidth": valid_rates,
     "cpu_adam_params_per_s": st.floats(1, 1e11) | st.sampled_from(["2e9", "1.5e9"]),
+    "network": st.fixed_dictionaries({"bandwidth": valid_link_rates}, optional={"nics": st.integers(1, 8)}),
 }
 garbage_sizes = st.one_of(
     st.from_regex(
-        r"-?[0-9]{0,5}(\.[0-9]{0,3})?([eE][-+]?[0-9]{1,3})? ?(B|KB|MiB|GiB|TB|k|g|XB|gb)?(/s)?", fullmatch=True
+        r"-?[0-9]{0,5}(\.[0-9]{0,3})?([eE][-+]?[0-9]{1,3})? ?(B|KB|MiB|GiB|TB|k|g|XB|gb|Gb|Gbit)?(/s|ps)?",
+        fullmatch=True,
     ),
     st.sampled_from(["unlimited", "-1", "-8GiB", "24", "nan", "inf", ".nan", "0x10", "1e3", "80 GiB/s", "1e400GB"]),
     st.integers(-(2**70), 2**70),

@@ -33,8 +33,11 @@ Examples:
 def run(ctx: click.Context, launcher_args: tuple[str, ...], **values) -> None:
     """Plan, write the config and, with --data, train: DeepSpeed's own launcher on a real training loop
     with DeepSpeedCPUAdam, checkpoints, resume and export. Without --data it prints the plan."""
-    chosen, user = resolve(typed_values(ctx, values))
-    if chosen.smoke:
+    typed = typed_values(ctx, values)
+    chosen, user = resolve(typed)
+    if chosen.sbatch:
+        sbatch(chosen, user, typed, launcher_args)
+    elif chosen.smoke:
         smoke(chosen, user, launcher_args)
     elif chosen.data is None:
         plan_only(chosen, user)
@@ -166,6 +169,41 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     click.echo(f"model: {summary['final_dir']} ({summary.get('model_class', 'AutoModelForCausalLM')}.from_pretrained)")
     for name, ratio in summary.get("ratios", {}).items():
         click.echo(f"measured / predicted {name}: {ratio:.2f}")
+
+
+def sbatch(chosen, user, typed: dict, launcher_args: tuple[str, ...]) -> None:
+    """--sbatch FILE: the training run checked as --dry-run checks it (plan, final config, data; nothing written
+    but the script, nothing started), the plan shown, then the batch script that runs the same command on a Slurm
+    allocation. No script for a plan that does not fit (exit 3)."""
+    import dataclasses
+
+    from launcher.job import sbatch as batch
+    from launcher.job import train as training
+    from launcher.plan.build import build_plan
+
+    chosen, kept = training.keep_checkpoint_strategy(dataclasses.replace(chosen, dry_run=True))
+    plan = build_plan(chosen)
+    prepared = training.prepare_run(plan, chosen, user=user, launcher_args=launcher_args, warn=warn)
+    if kept and prepared.resume_from:
+        warn(kept)
+    if prepared.job is None:
+        show_plan(prepared.plan, None, chosen.json)
+    with prepared:
+        job = prepared.job
+        write_config(chosen.config_out, job.ds_config)
+        show_plan(job.plan, job.ds_config, chosen.json, show_config=False)
+        batch_job = batch.batch_job(job.plan, typed, launcher_args)
+        path = batch.write(chosen.sbatch, batch_job)
+    if plan.host.source == "live":  # often a login node: the script asks for nodes like it
+        warn(
+            f"--sbatch: planned for this machine ({plan.host.gpus.count} GPU(s), {plan.host.cpu_cores} cores per "
+            "node); if the compute nodes differ, describe them with --host-spec NAME|FILE"
+        )
+    click.echo(
+        f"\nwrote {path}: {batch_job.nodes} node(s) x {batch_job.ranks_per_node} rank(s), launcher "
+        f"{batch_job.launcher}; submit it with `sbatch {path}`",
+        err=chosen.json,
+    )
 
 
 def smoke(chosen, user, launcher_args: tuple[str, ...]) -> None:

@@ -26,6 +26,9 @@ class GpuSpec:
     tflops: float | None = None  # dense bf16/fp16 TFLOP/s per GPU, when known
     compute_capability: tuple[int, int] = (8, 0)
     total_memory_bytes: int | None = None  # per GPU, installed (live probes; None for described hosts)
+    # per GPU, per direction, to the node's other GPUs (NVLink, or PCIe peer-to-peer), when described; None: unknown,
+    # and the collectives inside a node are not charged (plan/network.py)
+    interconnect_bytes_per_s: float | None = None
 
     @property
     def bf16(self) -> bool:
@@ -61,6 +64,9 @@ class HostProfile:
     cpu_flags: tuple[str, ...] = ()
     cpu_memory_bandwidth_bytes_per_s: int | None = None  # when described (a probe measures it)
     cpu_adam_params_per_s: float | None = None  # DeepSpeedCPUAdam throughput per node, when described
+    # the node's network to the other nodes, per direction, all the NICs its ranks use together, when described;
+    # None: unknown (a live host cannot tell), and a plan for several nodes assumes plan/network.py's nominal figure
+    network_bytes_per_s: float | None = None
     notes: tuple[str, ...] = field(default=())
     # what the plan should warn about (another process holds memory on a selected GPU, ...)
     warnings: tuple[str, ...] = field(default=())
@@ -104,6 +110,7 @@ class HostProfile:
                 "tflops": self.gpus.tflops,
                 "compute_capability": ".".join(map(str, self.gpus.compute_capability)),
                 "bf16": self.gpus.bf16,
+                "interconnect_bytes_per_s": self.gpus.interconnect_bytes_per_s,
             },
             "cpu_memory_bytes": self.cpu_memory_bytes,
             "cpu_memory_available_bytes": self.cpu_memory_available_bytes,
@@ -128,6 +135,7 @@ class HostProfile:
             },
             "cpu_memory_bandwidth_bytes_per_s": self.cpu_memory_bandwidth_bytes_per_s,
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
+            "network_bytes_per_s": self.network_bytes_per_s,
             "notes": list(self.notes),
             "warnings": list(self.warnings),
         }

@@ -31,13 +31,15 @@ _TOP_KEYS = {
     "shm",
     "cpu_memory_bandwidth",
     "cpu_adam_params_per_s",
+    "network",
 }
-_GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability"}
+_GPU_KEYS = {"count", "memory", "name", "tflops", "compute_capability", "interconnect"}
 _PCIE_KEYS = {"generation", "width", "bandwidth"}
 _LINK_KEYS = {"kind", "bandwidth"}
 # a CPU-GPU link that is not PCIe: NVLink-C2C on GH200/GB200-class superchips (450 GB/s per direction on GH200)
 LINK_KINDS = ("pcie", "nvlink-c2c")
 _NVME_KEYS = {"path", "free", "is_nvme", "read", "write"}
+_NETWORK_KEYS = {"bandwidth", "nics"}
 
 
 def _check_keys(section: dict, allowed: set[str], where: str, path: str, lines: dict[str, int], prefix: str) -> None:
@@ -85,6 +87,33 @@ def _size(value: object, what: str, *, per_second: bool = False) -> int:
             f"write it with a unit, e.g. '{size}{unit}'"
         )
     return size
+
+
+# A link's rate as network and interconnect datasheets write it: bits (200Gb/s, 200Gbit/s, 200Gbps; decimal prefixes,
+# IEEE 802.3 and the InfiniBand specification) or bytes (25GB/s, 300GB/s, 25GiB/s). `gb/s` could be either, as could
+# a bare `25G/s`: refused, with the two spellings that are not.
+_LINK_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*?)(/\s*s|ps)\s*$")
+_BIT_PREFIXES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def link_rate(value: object, what: str) -> int:
+    """Bytes/s from a link's rate in bits ('200Gb/s', '100Gbit/s', '400Gbps') or bytes ('25GB/s', '300GB/s')."""
+    example = "write e.g. '200Gbit/s' (bits) or '25GB/s' (bytes)"
+    match = _LINK_RATE_RE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise UserInputError(f"{what}: cannot read {value!r} as a link's rate; {example}")
+    number, unit, per = match.groups()
+    prefix = unit[:-3] if unit.lower().endswith("bit") else unit[:-1] if unit.endswith("b") else None
+    if prefix is not None and prefix.lower() in ("", "k", "m", "g", "t"):
+        if prefix not in _BIT_PREFIXES:  # 'gb/s', 'mb/s': bits or bytes?
+            raise UserInputError(f"{what}: {value!r} could mean bits or bytes; {example}")
+        rate = float(number) * _BIT_PREFIXES[prefix] / 8
+        if not math.isfinite(rate):
+            raise UserInputError(f"{what}: {value!r} is too large to be a rate")
+        return int(round(rate))
+    if not unit.endswith("B"):  # a bare number, '25G/s', an unknown unit
+        raise UserInputError(f"{what}: {value!r} says neither bits nor bytes; {example}")
+    return parse_size(f"{number}{unit}/s", what, per_second=True)
 
 
 @dataclass(frozen=True)
@@ -157,6 +186,7 @@ def _gpus(spec: dict, described: _Described) -> GpuSpec:
         name=str(gpus_raw.get("name", "unknown GPU" if count else "none")),
         tflops=None if tflops is None else float(_number(tflops, at("gpus.tflops"), integer=False)),
         compute_capability=(major, minor),
+        interconnect_bytes_per_s=_positive_rate(gpus_raw, "interconnect", described, "gpus.interconnect"),
     )
 
 
@@ -220,8 +250,35 @@ def _host(spec: dict, described: _Described, gpus: GpuSpec, pcie: dict, nvme: Nv
             if "cpu_adam_params_per_s" in spec
             else None
         ),
+        network_bytes_per_s=_network(spec, described),
         notes=(f"described host {spec['name']}",) if "name" in spec else (),
     )
+
+
+def _positive_rate(section: dict, key: str, described: _Described, dotted: str) -> int | None:
+    """A link's rate (`link_rate`), which must be more than 0 (it divides bytes); None when the key is absent."""
+    if key not in section:
+        return None
+    rate = link_rate(section[key], described.at(dotted))
+    if rate <= 0:
+        raise UserInputError(f"{described.at(dotted)}: must be more than 0, got {section[key]!r}")
+    return rate
+
+
+def _network(spec: dict, described: _Described) -> int | None:
+    """The node's network, per direction: `bandwidth` (one NIC's rate, bits or bytes) x `nics` (how many the
+    ranks use, default 1); None when not described."""
+    if "network" not in spec:
+        return None
+    at = described.at
+    network = _mapping(spec["network"], at("network"))
+    described.check_keys(network, _NETWORK_KEYS, "network", "network.")
+    if "bandwidth" not in network:
+        raise UserInputError(
+            f"{at('network')}: missing required key 'network.bandwidth'; add one NIC's rate, e.g. 'bandwidth: 200Gb/s'"
+        )
+    nics = int(_number(network.get("nics", 1), at("network.nics"), minimum=1))
+    return _positive_rate(network, "bandwidth", described, "network.bandwidth") * nics
 
 
 def _link(spec: dict, described: _Described) -> dict:

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.job.sbatch import RANK_SCRIPT
+
 ENTRY_MODULE = "launcher.rank"
 STOP_GRACE_SECONDS = 30
 TIMEOUT_EXIT = 124  # as coreutils' timeout(1)
@@ -43,6 +45,9 @@ class LaunchSpec:
     pci_bus_order: bool = False  # `devices` are NVML (PCI bus) indices: the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID
     # PYTORCH_ALLOC_CONF for the ranks (the plan's alloc_conf, memory.pinned_alloc_conf): None sets nothing
     alloc_conf: str | None = None
+    # With a hostfile, OUT/deepspeed_env: the file DeepSpeed's runner reads (DS_ENV_FILE) to give every node's ranks
+    # the variables below (job/nodes.py); pdsh forwards only a few prefixes of the launching node's environment
+    env_file: str | None = None
 
     @property
     def threads_per_rank(self) -> int:
@@ -86,8 +91,16 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     # EXPORT_ENVS and the accelerator's export_envs() are) and launch.py overrides it on each of them.
     # --force_multi only forces that multi-node path (pdsh/ssh) for one host; it selects no devices.
     include = spec.devices is not None and spec.accelerator == "cuda" and not spec.hostfile
+    slurm = bool(spec.hostfile) and spec.launcher == "slurm"
     if spec.hostfile:
-        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher, "--num_gpus", str(spec.ranks_per_node)]
+        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher]
+        # SlurmRunner.get_cmd: `if self.args.num_gpus > 0: srun_cmd.append('--gpus-per-node')`, which a node
+        # without GPUs refuses; on the CPU accelerator the hostfile's slots are the ranks per node
+        if not (slurm and spec.accelerator == "cpu"):
+            argv += ["--num_gpus", str(spec.ranks_per_node)]
+        # pdsh: every host was checked the way pdsh reaches it (nodes.check_ssh); srun reaches them without ssh
+        if spec.launcher in ("pdsh", "slurm"):
+            argv += ["--no_ssh_check"]
     elif include:
         argv += ["--include", "localhost:" + ",".join(map(str, spec.devices))]
     else:
@@ -101,7 +114,10 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         # with OMP_NUM_THREADS set to that share, over the one in `env` below
         argv += ["--bind_cores_to_rank"]
     argv += list(spec.extra_args)
-    argv += ["--no_local_rank", "--module", ENTRY_MODULE, "--run-spec", spec.run_spec_path]
+    # SlurmRunner runs `srun ... python -u <user_script> <user_args>`: it drops --module and sets none of
+    # torch.distributed's variables, so its script is sbatch.py, which sets them from srun's and runs launcher.rank
+    entry = [RANK_SCRIPT] if slurm else ["--module", ENTRY_MODULE]
+    argv += ["--no_local_rank", *entry, "--run-spec", spec.run_spec_path]
 
     env = {
         "OMP_NUM_THREADS": str(spec.threads_per_rank),
@@ -116,6 +132,13 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         # torch's caching host allocator rounds pinned buffers up to a power of two unless told otherwise
         # (memory.PINNED_ALLOC_CONF); the plan's CPU estimate counts the rounding this setting leaves
         env["PYTORCH_ALLOC_CONF"] = spec.alloc_conf
+    if slurm:
+        # srun's tasks get the runner's environment (--export=ALL), not its --master_addr / --master_port
+        env["MASTER_PORT"] = str(spec.master_port)
+        if spec.master_addr:
+            env["MASTER_ADDR"] = spec.master_addr
+    if spec.hostfile and spec.env_file:
+        env["DS_ENV_FILE"] = spec.env_file  # an absolute path: the runner's os.path.join(~ or ., it) is the path
     return argv, env
 
 

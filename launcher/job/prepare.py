@@ -24,8 +24,9 @@ from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import UserInputError
 from launcher.files import folder_bytes, tool_cache_dir, write_json_atomic
 from launcher.inspection.host import check_nvme_room
-from launcher.job import launch, rundir
+from launcher.job import launch, nodes, rundir
 from launcher.job.spec import RUN_SPEC_FILE, RunSpec
+from launcher.plan.build import hostfile_hosts
 from launcher.plan.planner import Plan
 from launcher.settings import Settings
 from launcher.views import plan_view
@@ -397,6 +398,11 @@ def launch_spec(
     devices = None
     if plan.host.accelerator == "cuda" and plan.host.source == "live" and not settings.hostfile:
         devices = launch_devices(os.environ.get(VISIBLE_DEVICES_ENV), plan.ranks_per_node)
+    # Several machines: the rendezvous is the hostfile's first host unless --master-addr says otherwise, rather
+    # than DeepSpeed's default, the first address `ssh HOST hostname -I` prints (a container bridge's, often)
+    master_addr = settings.master_addr
+    if settings.hostfile and not master_addr:
+        master_addr = hostfile_hosts(settings.hostfile)[0]
     return launch.LaunchSpec(
         run_spec_path=str(out.resolve() / RUN_SPEC_FILE),
         ranks_per_node=plan.ranks_per_node,
@@ -405,12 +411,13 @@ def launch_spec(
         master_port=settings.master_port or launch.free_port(),
         hostfile=settings.hostfile,
         launcher=settings.launcher,
-        master_addr=settings.master_addr,
+        master_addr=master_addr,
         bind_cores=bool(settings.bind_cores) if bind_cores is None else bind_cores,
         extra_args=launcher_args,
         devices=None if devices is None else devices[0],
         pci_bus_order=devices is not None and devices[1],
         alloc_conf=plan.alloc_conf,
+        env_file=str(out.resolve() / nodes.ENV_FILE) if settings.hostfile else None,
     )
 
 
@@ -420,5 +427,7 @@ def write(job: Job) -> None:
     write_json_atomic(out / "plan.json", plan_view.plan_json(job.plan, job.ds_config))
     write_json_atomic(out / "ds_config.json", job.ds_config)
     job.spec.dump(out / RUN_SPEC_FILE)
+    if "DS_ENV_FILE" in job.env:
+        nodes.write_env_file(Path(job.env["DS_ENV_FILE"]), job.env)
     if job.spec.nvme_swap_dir:
         Path(job.spec.nvme_swap_dir).mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,8 @@ MARKER_VERSION = 1
 METRICS_FILE = "metrics.jsonl"  # one line per optimizer step
 SUMMARY_FILE = "run.json"  # written last by a finished training run
 RESULT_NAMES = (METRICS_FILE, SUMMARY_FILE, "checkpoints", "final")  # a training run's results: --no-resume drops them
-CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json")  # rewritten by every run
+# rewritten by every run; deepspeed_env (job/nodes.py ENV_FILE) only with --hostfile
+CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json", "deepspeed_env")
 SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT = "smoke.json", "smoke-model", "smoke-checkpoint"  # a smoke test's
 SMOKE_NAMES = (SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT)
 REPORT_FILE = "report.png"  # `offload-launch report RUN` without --out

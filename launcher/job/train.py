@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.config.final import UserConfig
 from launcher.errors import Stopped, UserInputError
-from launcher.job import launch, preflight, prepare, rundir
+from launcher.job import launch, nodes, preflight, prepare, rundir
 from launcher.job.prepare import Job
 from launcher.plan.planner import Plan
 from launcher.settings import Settings, declaration
@@ -76,6 +76,8 @@ def prepare_run(
         ahead frees the /dev/shm killed runs left, and says so), then the folder is taken."""
         folder.resume_check(identity)
         preflight.enforce(plan, swap, fatal=not settings.dry_run, warn=warn, config=config)
+        if settings.hostfile and settings.launcher == "pdsh" and not settings.dry_run:
+            nodes.check_ssh(settings.hostfile, launcher_args)  # every host, as pdsh will reach it
         folder.take()
 
     try:
@@ -195,7 +197,7 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
         run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr, inherit_fds=lock_fd
     )
     if code != 0:
-        raise Stopped(stopped_message(run.out, code), code)
+        raise Stopped(stopped_message(run.out, code, several_nodes="--hostfile" in run.job.argv), code)
     summary = json.loads((run.out / rundir.SUMMARY_FILE).read_text())
     remember(run.job.plan, summary)
     return summary
@@ -215,9 +217,12 @@ def remember(plan: Plan, summary: dict) -> None:
     calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, plan.world_size, predicted, measured)
 
 
-def stopped_message(out: Path, code: int) -> str:
+def stopped_message(out: Path, code: int, several_nodes: bool = False) -> str:
     """Why the run stopped and what rerunning will do: resume after the newest complete checkpoint, or start
-    over when there is none; after a failure (not a signal) the log above says what to fix first."""
+    over when there is none; after a failure (not a signal) the log above says what to fix first. With several
+    nodes, which one failed is in the log: pdsh starts each of its lines with the host it came from."""
+    where = " on one of the nodes (the log's first error names it: pdsh starts each line with its host)"
+    where = where if several_nodes else ""
     step = rundir.newest_checkpoint_step(out)
     then = (
         f"resumes after step {step} (the newest complete checkpoint)"
@@ -228,7 +233,7 @@ def stopped_message(out: Path, code: int) -> str:
         return f"training stopped by {signal.Signals(code - 128).name} (exit {code}); the same command {then}"
     if code in (128 + signal.SIGKILL, 256 - signal.SIGKILL):  # the shell's and DeepSpeed's launch.py's spelling
         return (
-            f"training stopped: a rank was killed (SIGKILL, exit {code}; the OOM killer does this when memory runs "
-            f"out, and dmesg says so); the same command {then}"
+            f"training stopped: a rank was killed{where} (SIGKILL, exit {code}; the OOM killer does this when memory "
+            f"runs out, and dmesg says so); the same command {then}"
         )
-    return f"training stopped (exit {code}); the log above says why: once that is fixed, the same command {then}"
+    return f"training stopped{where} (exit {code}); the log above says why: once that is fixed, the same command {then}"

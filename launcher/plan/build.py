@@ -19,8 +19,8 @@ from launcher.settings import DECLARATIONS, Settings
 from launcher.units import fmt_bytes
 
 
-def hostfile_nodes(path: str) -> int:
-    """Machines listed in a DeepSpeed hostfile ('hostname slots=N', '#' comments)."""
+def hostfile_hosts(path: str) -> list[str]:
+    """The hosts of a DeepSpeed hostfile ('hostname slots=N' per line, '#' comments), in order."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -30,7 +30,7 @@ def hostfile_nodes(path: str) -> int:
     hosts = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not hosts:
         raise UserInputError(f"--hostfile {path} lists no hosts; write one 'hostname slots=N' per line")
-    return len(hosts)
+    return hosts
 
 
 def workload(settings: Settings) -> Workload:
@@ -55,7 +55,7 @@ def build_plan(settings: Settings, *, measure: bool = False, log=None) -> Plan:
     else:
         host = inspect_host(settings.nvme_path)
     if settings.hostfile:
-        host = replace(host, nodes=hostfile_nodes(settings.hostfile))
+        host = replace(host, nodes=len(hostfile_hosts(settings.hostfile)))
     model = inspect_model(settings.model, trust_remote_code=settings.trust_remote_code, cache_dir=tool_cache_dir())
     asked = workload(settings)
     identity = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
-from launcher.plan import features
+from launcher.plan import features, network
 from launcher.plan.candidates import Candidate, estimate_candidate, pins_host_memory, step_shape
 from launcher.plan.memory import Strategy
 from launcher.plan.modes import (
@@ -169,6 +169,7 @@ def make_plan(
     precision = resolve_precision(workload.precision, host)
     workload = replace(workload, seq_len=resolve_seq_len(workload, model))
     ranks = resolve_ranks(workload, host)
+    rates = network.with_links(rates, host, ranks)  # the collectives' links (plan/network.py)
     world = ranks * host.nodes
 
     if workload.optimizer_states == "bf16" and precision != "bf16":
@@ -208,6 +209,10 @@ def make_plan(
     ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
     chosen = ranked[0] if ranked else None
     reasons, warnings = _explain(candidates, chosen, host, world, model.params)
+    if chosen is not None and (line := network.collectives_reason(chosen.timing, rates, world, ranks)):
+        reasons.append(line)
+    if note := network.nominal_network_note(host):
+        warnings.append(note)
     if len(ranked) > 1:
         runner_up = ranked[1]
         slower = runner_up.timing.expected_seconds / chosen.timing.expected_seconds - 1

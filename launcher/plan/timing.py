@@ -101,6 +101,8 @@ Sources:
   [SuperOffload] (memory.py [SuperOffload]) CPU-Adam steps each bucket as its gradients arrive, so the update
               overlaps the backward (about 2/3 of the passes' compute, 3/4 with recomputation) and only what outlasts it
               waits, then the weights come back across the link. From the design, not yet checked against a run.
+  [network]   The collectives between the ranks (ZeRO's gradient reductions and parameter gathers) on the slower of
+              the GPUs' links inside a node and the nodes' network: plan/network.py, which cites its sources.
   [pageable]  A copy from pageable host memory cannot be DMAed directly: the CUDA driver stages it through a
               pinned bounce buffer, one extra CPU memcpy per chunk, and the copy is synchronous (CUDA C++
               Best Practices Guide, "Pinned Memory"; M. Harris, "How to Optimize Data Transfers in CUDA
@@ -113,6 +115,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from launcher.plan import network
 from launcher.plan.memory import (
     BYTES_16BIT,
     BYTES_FP32,
@@ -211,6 +214,10 @@ class Rates:
     passes_per_layer_seconds: float | None = None
     passes_fixed_seconds: float | None = None
     passes_tokens: int = 0
+    # [network] the node's network to the other nodes and a GPU's link to the node's others, per direction (None: not
+    # known; planner.make_plan fills them from the host, network.with_links)
+    network_bytes_per_s: float | None = None
+    interconnect_bytes_per_s: float | None = None
 
     def host_device_bytes_per_s(self, pinned: bool) -> float:
         """The host<->device rate DeepSpeed's offload copies get: pinned, or pageable when pin_memory is off
@@ -266,6 +273,10 @@ class StepEstimate:
     framework_seconds_per_step: float = 0.0  # [DS-hooks] ZeRO's own cost and the engine's per-step bookkeeping
     passes_seconds: float = 0.0  # the forward/backward phase (what the trainer measures as "passes")
     update_seconds: float = 0.0  # the optimizer-step phase ("update")
+    # [network] what one rank sends around the ring per step (with several nodes also what each node's network carries
+    # each way), and how long that takes at the ring's rate, hidden behind the backward or not
+    collective_bytes_per_step: int = 0
+    collective_seconds_per_step: float = 0.0
     # the same step scaled by what finished runs of this model and strategy with as many ranks on this host
     # measured (plan/calibration.py); None: no such runs
     calibrated_step_seconds: float | None = None
@@ -286,6 +297,8 @@ class StepEstimate:
             "framework_seconds_per_step": self.framework_seconds_per_step,
             "nvme_bytes_per_step": self.nvme_bytes_per_step,
             "nvme_seconds_per_step": self.nvme_seconds_per_step,
+            "collective_bytes_per_step": self.collective_bytes_per_step,
+            "collective_seconds_per_step": self.collective_seconds_per_step,
             "passes_seconds": self.passes_seconds,
             "update_seconds": self.update_seconds,
             "step_seconds": self.step_seconds,
@@ -530,12 +543,13 @@ def estimate_step(
     # [ZeRO-Inf] the swapper writes a sub-group out while it reads the next one in: the slower direction counts
     t_nvme_update = max(read / rates.nvme_read_bytes_per_s, write / rates.nvme_write_bytes_per_s)
     t_hooks = framework_seconds(shape, strategy, world, ranks_per_node, rates, has_gpu)
+    comm = network.collective_times(shape, strategy, rates, world, ranks_per_node, t_compute)
 
     # [ZeRO-Inf] the parameter swapper prefetches from NVMe into its buffers while the passes compute
-    passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes + t_activations
+    passes = max(t_overlapped, t_nvme_passes) + t_hooks + t_fetches + t_host_passes + t_activations + comm.passes
     update = t_adam + t_step + t_host_update + t_weights + t_nvme_update + STEP_FIXED_SECONDS
     if strategy.super_offload:  # [SuperOffload] the update behind the backward, the upload after it
-        backward = t_compute * (0.75 if shape.recompute else 2 / 3)
+        backward = t_compute * network.backward_share(shape.recompute)
         update = max(0.0, t_adam + t_host_update - backward) + t_weights + STEP_FIXED_SECONDS
     if pipelined_groups and t_nvme_update:  # [DS-pipe] the swaps beside CPU-Adam, but the first read and last write
         on_host = t_adam + t_host_update
@@ -552,10 +566,11 @@ def estimate_step(
             interval * (t_adam + t_host_update + t_weights), selective, passes, interval, has_gpu
         )
         update += STEP_FIXED_SECONDS
+    update += comm.update  # [network] the updated weights gathered after the step
     step = passes + update
-    # what the step would cost with nothing offloaded: the passes, ZeRO's own cost, the engine's, the optimizer
-    # where it would then run (on the GPU; the CPU accelerator's optimizer is on the CPU either way)
-    without_offload = t_compute + t_hooks + STEP_FIXED_SECONDS
+    # what the step would cost with nothing offloaded: the passes, ZeRO's own cost and collectives, the engine's, the
+    # optimizer where it would then run (on the GPU; the CPU accelerator's optimizer is on the CPU either way)
+    without_offload = t_compute + t_hooks + comm.passes + comm.update + STEP_FIXED_SECONDS
     if not strategy.offloads:
         without_offload = step
     elif no_offload:
@@ -579,4 +594,6 @@ def estimate_step(
         framework_seconds_per_step=t_hooks + STEP_FIXED_SECONDS,
         passes_seconds=passes,
         update_seconds=update,
+        collective_bytes_per_step=comm.bytes,
+        collective_seconds_per_step=comm.seconds,
     )

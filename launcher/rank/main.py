@@ -10,7 +10,9 @@ OUT/run.json after a training run, OUT/smoke.json after a smoke run.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
+from pathlib import Path
 
 from launcher.files import write_json_atomic
 from launcher.job.rundir import SUMMARY_FILE
@@ -24,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-spec", required=True, help="OUT/run_spec.json written by offload-launch")
     args = parser.parse_args(argv)
+    if not Path(args.run_spec).is_file():  # another node, without the folder the launching node wrote it to
+        raise SystemExit(
+            f"[offload-launch] {args.run_spec} is not on host {socket.gethostname()}: with --hostfile, --output-dir "
+            "must be a folder every node sees at the same path (a shared file system)"
+        )
     spec = RunSpec.load(args.run_spec)
     trainer = Trainer(spec)
     try:

@@ -325,8 +325,26 @@ class Trainer:
             **self.optimizer_layout(),
             "model_class": AUTO_CLASSES[self.spec.model_kind],
             "data": self.data_summary(),
+            "ranks": self.rank_environments(),
         }
         return run_summary(self.spec, setup, metrics.records, wall, peak, measured, self.checkpoints.skipped)
+
+    def rank_environments(self) -> list[dict]:
+        """Where each rank ran and what its environment gave it (the host, the threads its torch and CPU-Adam use,
+        the accelerator): the proof that every node's ranks got the launch's variables (job/nodes.py). Collective."""
+        import socket
+
+        mine = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "node_rank": int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": self.torch.get_num_threads(),
+            "accelerator": os.environ.get("DS_ACCELERATOR"),
+        }
+        everyone: list = [None] * self.world
+        self.dist.all_gather_object(everyone, mine)
+        return everyone
 
     def data_summary(self) -> dict:
         """What the rows are: the data's format and layout, how many rows (held out too) and what tokenizing

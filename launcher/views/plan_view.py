@@ -51,6 +51,8 @@ def plan_json(plan: Plan, ds_config: dict | None) -> dict:
             "cpu_adam_params_per_s": plan.rates.cpu_adam_params_per_s,
             "nvme_read_bytes_per_s": plan.rates.nvme_read_bytes_per_s,
             "nvme_write_bytes_per_s": plan.rates.nvme_write_bytes_per_s,
+            "network_bytes_per_s": plan.rates.network_bytes_per_s,
+            "interconnect_bytes_per_s": plan.rates.interconnect_bytes_per_s,
             "sources": dict(plan.rates.sources),
         },
         "advice": plan.advice,
@@ -168,7 +170,7 @@ def step_parts(plan: Plan) -> tuple[tuple[str, float, int | None, str], ...]:
     """The chosen step's parts: (name, seconds, bytes moved or None, colour), as both views show them."""
     t = plan.chosen.timing
     on_gpu = plan.host.has_gpu and plan.chosen.strategy.offload_optimizer == "none"
-    return (
+    parts = (
         ("compute", t.compute_seconds_per_step, None, "green"),
         ("PCIe", t.pcie_seconds_per_step, t.pcie_bytes_per_step, "cyan"),
         ("GPU Adam" if on_gpu else "CPU-Adam", t.cpu_adam_seconds_per_step, None, "yellow"),
@@ -176,6 +178,11 @@ def step_parts(plan: Plan) -> tuple[tuple[str, float, int | None, str], ...]:
         ("ZeRO/engine", t.framework_seconds_per_step, None, "white"),
         ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
     )
+    if not t.collective_seconds_per_step:  # one node whose GPUs' links nobody described: not charged (plan/network.py)
+        return parts
+    # what each GPU sends around the ring per step, and with several nodes each node across the network
+    name = "network" if plan.host.nodes > 1 else "GPU links"
+    return (*parts, (name, t.collective_seconds_per_step, t.collective_bytes_per_step, "red"))
 
 
 def seconds_cell(t) -> str:
@@ -198,6 +205,11 @@ def time_lines(plan: Plan) -> list[str]:
     """The predicted step split into its parts and phases, and where each rate came from."""
     t, r = plan.chosen.timing, plan.rates
     sources = ", ".join(f"{k} {v}" for k, v in sorted(r.sources.items()))
+    links = ""
+    if plan.host.nodes > 1 and r.network_bytes_per_s:
+        links += f", network {r.network_bytes_per_s / 1e9:.3g} GB/s per node"
+    if plan.ranks_per_node > 1 and r.interconnect_bytes_per_s:
+        links += f", GPU links {r.interconnect_bytes_per_s / 1e9:.3g} GB/s per GPU"
     parts = " | ".join(
         f"{name} {fmt_bytes(moved)} in {seconds:.3g} s" if moved is not None else f"{name} {seconds:.3g} s"
         for name, seconds, moved, _colour in step_parts(plan)
@@ -210,7 +222,7 @@ def time_lines(plan: Plan) -> list[str]:
         *calibration_line(t),
         f"  rates: compute {r.compute_flops_per_s / 1e12:.3g} TFLOP/s, PCIe {r.pcie_bytes_per_s / 1e9:.3g} GB/s, "
         f"CPU-Adam {r.cpu_adam_params_per_s / 1e9:.3g} G params/s, NVMe {r.nvme_read_bytes_per_s / 1e9:.3g}/"
-        f"{r.nvme_write_bytes_per_s / 1e9:.3g} GB/s read/write ({sources})",
+        f"{r.nvme_write_bytes_per_s / 1e9:.3g} GB/s read/write{links} ({sources})",
     ]
 
 

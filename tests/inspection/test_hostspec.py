@@ -85,3 +85,79 @@ def test_nvme_path_renames_the_described_folder_only(write_host):
     no_nvme = load_host_spec(str(HOSTS / "cpu-only.yaml"))
     with pytest.raises(UserInputError, match="has no 'nvme' section; add nvme: {path: ..., free: ...} to it"):
         with_nvme_path(no_nvme, "/scratch/run")
+
+
+# ------------------------------------------------------------------------------------ links: network, GPU interconnect
+
+TWO_NODES = "gpus: {count: 8, memory: 80GiB}\ncpu_memory: 1TiB\nnodes: 2\n"
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "bytes_per_s"),
+    [
+        ("200Gb/s", 25 * 10**9),  # bits: 200e9 b/s / 8 = 25e9 B/s (InfiniBand HDR)
+        ("100Gbit/s", 12_500_000_000),  # 100e9 / 8
+        ("400Gbps", 50 * 10**9),  # 400e9 / 8 (NDR)
+        ("25Gb/s", 3_125_000_000),  # 25 GbE: 25e9 / 8
+        ("800Mb/s", 100 * 10**6),  # 800e6 / 8
+        ("25GB/s", 25 * 10**9),  # bytes, as the PCIe rates
+        ("12.5 GB/s", 12_500_000_000),
+        ("2GiB/s", 2 * 2**30),
+    ],
+)
+def test_the_network_is_read_in_bits_or_bytes(write_host, bandwidth, bytes_per_s):
+    host = load_host_spec(write_host(TWO_NODES + f"network: {{bandwidth: {bandwidth}}}\n"))
+    assert host.network_bytes_per_s == bytes_per_s
+    assert host.to_json()["network_bytes_per_s"] == bytes_per_s
+
+
+def test_a_nodes_nics_add_up_and_the_gpus_links_are_read(write_host):
+    # a DGX A100: 8 x 200 Gb/s HDR for compute = 1.6 Tb/s = 200 GB/s per node; NVLink 3: 300 GB/s per GPU each way
+    host = load_host_spec(
+        write_host(
+            "gpus: {count: 8, memory: 80GiB, interconnect: 300GB/s}\ncpu_memory: 1TiB\nnodes: 2\n"
+            "network: {bandwidth: 200Gb/s, nics: 8}\n"
+        )
+    )
+    assert host.network_bytes_per_s == 200 * 10**9
+    assert host.gpus.interconnect_bytes_per_s == 300 * 10**9
+    assert host.to_json()["gpus"]["interconnect_bytes_per_s"] == 300 * 10**9
+
+
+def test_links_not_described_are_none(write_host):
+    host = load_host_spec(write_host(A100))
+    assert host.network_bytes_per_s is None and host.gpus.interconnect_bytes_per_s is None
+    assert host.to_json()["network_bytes_per_s"] is None
+
+
+def test_the_shipped_two_node_hosts_state_their_network():
+    ib = load_host_spec(str(HOSTS / "2x-node-8x-a100-80g-ib.yaml"))
+    ethernet = load_host_spec(str(HOSTS / "2x-node-8x-a100-80g-25gbe.yaml"))
+    assert ib.nodes == ethernet.nodes == 2 and ib.world_size == 16
+    assert ib.network_bytes_per_s == 8 * 200 * 10**9 // 8  # 8 HDR NICs: 200 GB/s each way
+    assert ethernet.network_bytes_per_s == 25 * 10**9 // 8  # one 25 GbE port: 3.125 GB/s
+    assert ib.gpus.interconnect_bytes_per_s == ethernet.gpus.interconnect_bytes_per_s == 300 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("network", "message"),
+    [
+        ("{bandwidth: 25gb/s}", r"host.yaml:4: network.bandwidth: '25gb/s' could mean bits or bytes; write e.g."),
+        ("{bandwidth: 25G/s}", "'25G/s' says neither bits nor bytes"),
+        ("{bandwidth: 25}", "cannot read 25 as a link's rate"),
+        ("{bandwidth: 25Gb}", "cannot read '25Gb' as a link's rate"),
+        ("{bandwidth: 0Gb/s}", "network.bandwidth: must be more than 0"),
+        ("{nics: 8}", "missing required key 'network.bandwidth'"),
+        ("{bandwidth: 200Gb/s, nics: 0}", "network.nics: must be at least 1"),
+        ("{bandwidth: 200Gb/s, nic: 8}", r"unknown key 'nic' in network .*did you mean 'nics'\?"),
+        ("200Gb/s", "network: expected a mapping of keys"),
+    ],
+)
+def test_network_errors(write_host, network, message):
+    with pytest.raises(UserInputError, match=message):
+        load_host_spec(write_host(TWO_NODES + f"network: {network}\n"))
+
+
+def test_interconnect_errors(write_host):
+    with pytest.raises(UserInputError, match=r"host.yaml:1: gpus.interconnect: '300gb/s' could mean bits or bytes"):
+        load_host_spec(write_host("gpus: {count: 8, memory: 80GiB, interconnect: 300gb/s}\ncpu_memory: 1TiB\n"))

@@ -371,3 +371,20 @@ def test_dry_run_without_numactl_says_once_that_it_would_bind(tmp_path, tiny_lla
     assert "--bind_cores_to_rank" not in result.stdout and result.stderr.count("installing numactl") == 1
     result = dry_run(tmp_path, tiny_llama_dir, "cpu-only", *offload, "--bind-cores")
     assert result.exit_code == 2 and "--bind-cores needs numactl" in result.output
+
+
+def test_slurm_launcher_command():
+    """DeepSpeed's SlurmRunner runs `srun -n N [--gpus-per-node G] python -u <user_script> <args>`: no ssh, no
+    --module, none of torch.distributed's variables. The ranks' script is sbatch.py, which sets them from srun's."""
+    from launcher.job import sbatch
+
+    argv, env = launch.build_command(
+        spec(accelerator="cuda", hostfile="hosts.txt", launcher="slurm", master_addr="node-a", ranks_per_node=8)
+    )
+    assert argv[3:10] == ["--hostfile", "hosts.txt", "--launcher", "slurm", "--num_gpus", "8", "--no_ssh_check"]
+    assert argv[-3:] == [sbatch.RANK_SCRIPT, "--run-spec", "/runs/x/run_spec.json"] and "--module" not in argv
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node-a", "29611")  # srun passes the runner's environment
+    cpu, _ = launch.build_command(spec(hostfile="hosts.txt", launcher="slurm", master_addr="node-a"))
+    assert "--num_gpus" not in cpu  # SlurmRunner would ask srun for --gpus-per-node: the hostfile's slots count
+    pdsh, pdsh_env = launch.build_command(spec(hostfile="hosts.txt", launcher="pdsh", master_addr="node-a"))
+    assert pdsh[-4:-2] == ["--module", "launcher.rank"] and "MASTER_ADDR" not in pdsh_env

@@ -265,3 +265,119 @@ def test_refresh_after_an_nvme_load_swaps_each_sub_group_in_once(tmp_path):
     expected = [(step, i) for i in range(3) for step in ("swap_in", "copy_fp32_to_16bit", "release")]
     assert optimizer.calls == [*expected, ("gather_persistent",)]
     assert sum(call[0] == "swap_in" for call in optimizer.calls) == 3
+
+
+class RestoringZero3Optimizer:
+    """The ZeRO-3 optimizer as a load with the optimizer on NVMe leaves it in a fresh process (stage3.py):
+    fp32 partitions with the initial weights, a base optimizer without state or with its learning rate at 0,
+    the initial loss scaler. Sub-groups in `swapped` are on NVMe. Records, for each swap-in, the base optimizer's
+    state of that sub-group at that moment (what the swapper would register and read from the swap files)."""
+
+    def __init__(self, numels: list[int], group_ids: list[int], swapped: set[int]):
+        import collections
+
+        import torch
+
+        self.fp16_groups = [[object()] for _ in numels]
+        self.fp16_partitioned_groups_flat_numel = numels
+        self.sub_group_to_group_id = dict(enumerate(group_ids))
+        self.fp32_partitioned_groups_flat = [torch.zeros(0 if i in swapped else n) for i, n in enumerate(numels)]
+        groups = [{"lr": 0.0, "betas": (0.9, 0.999), "params": []} for _ in range(max(group_ids) + 1)]
+        self.optimizer = SimpleNamespace(param_groups=groups, state=collections.defaultdict(dict))
+        self.loss_scaler, self.dynamic_loss_scale, self.overflow = "initial", True, True
+        self.swapped, self.calls, self.seen_at_swap_in = swapped, [], {}
+
+    def _swappable_optimizer_subgroup(self, i):
+        return i in self.swapped
+
+    def _optimizer_states_and_gradient_swap_in(self, i, timer_names=None):
+        self.calls.append(("swap_in", i))
+        state = self.optimizer.state[self.fp32_partitioned_groups_flat[i]]
+        self.seen_at_swap_in[i] = {k: v.numel() if hasattr(v, "numel") else v for k, v in state.items()}
+
+    def _reassign_or_swap_out_partitioned_parameters(self, i):
+        self.calls.append(("copy_fp32_to_16bit", i))
+
+    def _release_swap_buffers(self, i):
+        self.calls.append(("release", i))
+
+    def checkpoint_event_epilogue(self):
+        self.calls.append(("gather_persistent",))
+
+
+def saved_zero_state():
+    """A ZeRO-3 optimizer file as DeepSpeed 0.19.8 saves it with the optimizer on NVMe (engine.py,
+    _save_zero_checkpoint): sub-groups 0 and 2 in param group 0, sub-group 1 in param group 1, so the base
+    optimizer numbers them 0, 1 (group 0) and 2 (group 1). Sub-group 0 swapped by the serial swapper (its state
+    tensors saved empty), 1 swapped by the pipelined one (saved as stale swap buffers), 2 in memory."""
+    import torch
+
+    return {
+        "loss_scaler": "saved",
+        "dynamic_loss_scale": False,
+        "overflow": False,
+        "fp32_flat_groups": [torch.zeros(0), torch.full((3,), -1.0), torch.tensor([1.0, 2.0])],
+        "optimizer_state_dict": {
+            "param_groups": [
+                {"lr": 3e-3, "betas": (0.8, 0.9), "params": [0, 1]},
+                {"lr": 1e-3, "betas": (0.8, 0.9), "params": [2]},
+            ],
+            "state": {
+                0: {"step": 3, "exp_avg": torch.zeros(0), "exp_avg_sq": torch.zeros(0)},
+                1: {"step": 3, "exp_avg": torch.tensor([0.5, 0.25]), "exp_avg_sq": torch.tensor([0.25, 0.0625])},
+                2: {"step": 5, "exp_avg": torch.full((3,), 9.0), "exp_avg_sq": torch.full((3,), 9.0)},
+            },
+        },
+    }
+
+
+def test_nvme_load_restores_what_deepspeed_leaves_stale_before_each_swap_in(tmp_path):
+    import torch
+
+    optimizer = RestoringZero3Optimizer([4, 3, 2], group_ids=[0, 1, 0], swapped={0, 1})
+    checkpoints_, _ = store(tmp_path, SimpleNamespace(optimizer=optimizer))
+    checkpoints_._refresh_16bit_weights(saved_zero_state())
+    # the swapped sub-groups: the step count, and a full-size tensor per state tensor for the swap-in to fill
+    # from the restored swap files (the saved copies, empty or stale, are not used)
+    assert optimizer.seen_at_swap_in == {
+        0: {"step": 3, "exp_avg": 4, "exp_avg_sq": 4},
+        1: {"step": 5, "exp_avg": 3, "exp_avg_sq": 3},
+    }
+    # the sub-group in memory: its fp32 weights and its moments
+    in_memory = optimizer.fp32_partitioned_groups_flat[2]
+    assert in_memory.tolist() == [1.0, 2.0]
+    state = optimizer.optimizer.state[in_memory]
+    assert (
+        state["step"] == 3
+        and state["exp_avg"].tolist() == [0.5, 0.25]
+        and state["exp_avg_sq"].tolist() == [0.25, 0.0625]
+    )
+    assert (optimizer.loss_scaler, optimizer.dynamic_loss_scale, optimizer.overflow) == ("saved", False, False)
+    assert optimizer.optimizer.param_groups == [
+        {"lr": 3e-3, "betas": (0.8, 0.9), "params": []},  # DeepSpeed fills `params` per sub-group at each step
+        {"lr": 1e-3, "betas": (0.8, 0.9), "params": []},
+    ]
+    # still one swap-in per swapped sub-group, each restored before it is swapped in
+    assert optimizer.calls == [
+        ("swap_in", 0), ("copy_fp32_to_16bit", 0), ("release", 0),
+        ("swap_in", 1), ("copy_fp32_to_16bit", 1), ("release", 1),
+        ("copy_fp32_to_16bit", 2),
+        ("gather_persistent",),
+    ]  # fmt: skip
+    assert torch.equal(optimizer.fp32_partitioned_groups_flat[0], torch.zeros(0))  # swapped: from its swap file
+
+
+def test_nvme_load_after_steps_keeps_the_swappers_own_state_tensors(tmp_path):
+    """A process that stepped before the load (the smoke checkpoint check): the swapper already swaps the
+    sub-group's state tensors; they are kept (the swap-in fills them from the restored files), the step is set."""
+    import torch
+
+    optimizer = RestoringZero3Optimizer([4, 3, 2], group_ids=[0, 1, 0], swapped={0, 1})
+    fp32 = optimizer.fp32_partitioned_groups_flat[0]
+    registered = {"step": 7, "exp_avg": torch.zeros(0), "exp_avg_sq": torch.zeros(0)}  # released after the step
+    optimizer.optimizer.state[fp32] = dict(registered)
+    checkpoints_, _ = store(tmp_path, SimpleNamespace(optimizer=optimizer))
+    checkpoints_._refresh_16bit_weights(saved_zero_state())
+    state = optimizer.optimizer.state[fp32]
+    assert state["step"] == 3
+    assert state["exp_avg"] is registered["exp_avg"] and state["exp_avg_sq"] is registered["exp_avg_sq"]
