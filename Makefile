@@ -12,30 +12,8 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@# DeepSpeed's async_io op (NVMe offload) needs libaio's headers; install them when we can (root + apt).
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s libaio-dev >/dev/null 2>&1; then \
-		echo "installing libaio-dev (DeepSpeed async_io for NVMe offload)"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libaio-dev >/dev/null) \
-		|| echo "warning: could not install libaio-dev; NVMe offload will be unavailable"; \
-	fi
-	@# DeepSpeed's --bind_cores_to_rank runs each rank under numactl (on by default when the optimizer is offloaded).
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v numactl >/dev/null; then \
-		echo "installing numactl (each rank bound to its share of the cores)"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null) \
-		|| echo "warning: could not install numactl; ranks will not be bound to cores"; \
-	fi
-	@# Several machines: DeepSpeed's pdsh runner reaches them over ssh; the two-node test starts its own sshd.
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v pdsh && { command -v sshd || test -x /usr/sbin/sshd; }; } >/dev/null 2>&1; then \
-		echo "installing pdsh and openssh-server (multi-node launches over ssh)"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pdsh openssh-server >/dev/null) \
-		|| echo "warning: could not install pdsh/openssh-server; multi-node launches and their test will be unavailable"; \
-	fi
-	@# Slurm: the --sbatch/--launcher slurm test starts a private one-node Slurm (slurmctld, slurmd, munge).
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmctld >/dev/null; then \
-		echo "installing slurmctld, slurmd and munge (the one-node Slurm test)"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null) \
-		|| echo "warning: could not install Slurm; its test will be skipped"; \
-	fi
+	@# System packages (root + apt): libaio-dev, numactl, pdsh, openssh-server, Slurm; see the script.
+	@bash scripts/system_packages.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
