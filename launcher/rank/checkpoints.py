@@ -164,14 +164,16 @@ class CheckpointStore:
         self.engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step})
 
     def load(self, folder: Path, tag: str):
-        """DeepSpeed's load_checkpoint, then - with ZeRO-3 and the optimizer on NVMe - the 16-bit weights
-        refreshed from the restored fp32 ones. DeepSpeed 0.19 copies the swap files back only after it
-        rebuilt the 16-bit partitions, and skips that rebuild for swapped-out groups, so the weights the next
-        forward pass uses would be the ones from before the load (the smoke checkpoint check caught it)."""
+        """DeepSpeed's load_checkpoint, then - with ZeRO-3 and the optimizer on NVMe - what that load leaves
+        stale restored from the checkpoint (restore_swapped_load), one optimizer sub-group at a time."""
         load_path, client_state = self.engine.load_checkpoint(str(folder), tag=tag)
         if load_path is not None and self._optimizer_swapped():
-            self._refresh_16bit_weights()
-            self.log(f"refreshed the 16-bit weights of {tag} from its fp32 weights (optimizer on NVMe)")
+            saved = self._saved_zero_state(folder, tag)
+            self._refresh_16bit_weights(saved)
+            self.log(
+                f"restored the optimizer state and refreshed the 16-bit weights of {tag} from its fp32 weights "
+                "(optimizer on NVMe)"
+            )
         scheduler = self.engine.lr_scheduler
         if load_path is not None and scheduler is not None and hasattr(scheduler, "get_lr"):
             # The restored schedule's rate for the next step; with the optimizer on NVMe DeepSpeed leaves the
@@ -180,16 +182,29 @@ class CheckpointStore:
                 group["lr"] = lr
         return load_path, client_state
 
-    def _refresh_16bit_weights(self) -> None:
+    def _saved_zero_state(self, folder: Path, tag: str) -> dict:
+        """This rank's ZeRO optimizer file of TAG (DeepSpeed writes it with the optimizer on NVMe too, and its
+        load_checkpoint then never reads it)."""
+        path = self.engine._get_zero_ckpt_name(str(folder), tag)
+        if not os.path.isfile(path):
+            raise SystemExit(f"checkpoint {folder / tag} has no optimizer state for this rank ({Path(path).name})")
+        return self.engine.checkpoint_engine.load(path, map_location="cpu")["optimizer_state_dict"]
+
+    def _refresh_16bit_weights(self, saved: dict | None = None) -> None:
         """Each rank's 16-bit partitions from its restored fp32 partition, one ZeRO-3 sub-group at a time: the
         sub-group is swapped in from NVMe once, copied, and released (no write back: nothing in it changed), as
         DeepSpeed's own step does (stage3.py: _prepare_sub_group, _reassign_or_swap_out_partitioned_parameters,
         _release_sub_group). deepspeed.utils.safe_get_full_fp32_param per parameter would swap the parameter's
-        whole sub-group in for each parameter. Then the parameters ZeRO-3 keeps gathered (persistent) are gathered
-        again from the new partitions. Collective only in that last gather."""
+        whole sub-group in for each parameter. With `saved` (the ZeRO optimizer file's state) each sub-group's
+        optimizer state is first restored from it (restore_swapped_load), so the swap-in reads Adam's moments
+        too. Then the parameters ZeRO-3 keeps gathered (persistent) are gathered again from the new partitions.
+        Collective only in that last gather."""
         optimizer = self.engine.optimizer
+        sub_group_states = restore_swapped_load(optimizer, saved) if saved is not None else None
         for sub_group in range(len(optimizer.fp16_groups)):
             swapped = optimizer._swappable_optimizer_subgroup(sub_group)
+            if sub_group_states is not None:
+                restore_sub_group(optimizer, sub_group, swapped, sub_group_states[sub_group], saved)
             if swapped:
                 optimizer._optimizer_states_and_gradient_swap_in(sub_group)
             optimizer._reassign_or_swap_out_partitioned_parameters(sub_group)
@@ -199,3 +214,68 @@ class CheckpointStore:
 
     def _optimizer_swapped(self) -> bool:
         return self.zero.get("stage") == 3 and self.zero.get("offload_optimizer", {}).get("device") == "nvme"
+
+
+# ------------------------------------------------------------------------------------------- NVMe resume
+#
+# DeepSpeed 0.19.8's load_checkpoint with the optimizer on NVMe (runtime/engine.py, load_checkpoint) skips
+# _load_zero_checkpoint (`if load_zero_checkpoint and not self.zero_nvme_offload_optimizer()`) and only copies
+# TAG/offloaded_tensors back into the swap folder. So the ZeRO-3 optimizer's load_state_dict /
+# _rigid_load_state_dict (runtime/zero/stage3.py) never runs and everything the swap files do not hold stays as
+# the fresh process made it:
+# - sub-groups under the swapper's min_aio_bytes (1 MiB: runtime/swap_tensor/optimizer_utils.py,
+#   is_swappable_tensor) are never swapped: their fp32 weights and Adam moments live in memory only, so they stay
+#   the initial weights and no moments;
+# - every sub-group's Adam step count (an int in the base optimizer's state, never swapped), and for the swapped
+#   sub-groups even the moments: the fresh optimizer has no state for them, so the swapper's swap info lists
+#   only the fp32 weights (_update_param_state_info registers the state tensors it finds in optimizer.state),
+#   the first step swaps in the weights alone, DeepSpeedCPUAdam (ops/adam/cpu_adam.py, step) starts at step 0
+#   with zero moments, and the swap-out overwrites the restored exp_avg/exp_avg_sq files;
+# - the loss scaler and the base optimizer's param groups (its learning rate among them).
+# restore_swapped_load and restore_sub_group put them back from the ZeRO optimizer file DeepSpeed wrote next to
+# the swap files (its _save_zero_checkpoint runs with NVMe too).
+
+
+def restore_swapped_load(optimizer, saved: dict) -> list[dict]:
+    """What _rigid_load_state_dict would have restored besides the sub-groups (the loss scaler, the base
+    optimizer's param groups); each sub-group's saved optimizer state, in sub-group order. The base optimizer's
+    state_dict numbers the sub-groups' fp32 partitions group by group (stage3.py: _set_fp32_optimizer_param_groups
+    appends sub-group i to param group sub_group_to_group_id[i]); its param groups list those numbers."""
+    optimizer.loss_scaler = saved["loss_scaler"]
+    optimizer.dynamic_loss_scale = saved["dynamic_loss_scale"]
+    optimizer.overflow = saved["overflow"]
+    base_state = saved["optimizer_state_dict"]
+    base = optimizer.optimizer
+    states: list[dict] = [{} for _ in optimizer.fp16_groups]
+    for group_id, (group, saved_group) in enumerate(zip(base.param_groups, base_state["param_groups"], strict=True)):
+        group.update({key: value for key, value in saved_group.items() if key != "params"})
+        sub_groups = [i for i in range(len(states)) if optimizer.sub_group_to_group_id[i] == group_id]
+        for sub_group, index in zip(sub_groups, saved_group["params"], strict=True):
+            states[sub_group] = base_state["state"].get(index, {})
+    return states
+
+
+def restore_sub_group(optimizer, sub_group: int, swapped: bool, state: dict, saved: dict) -> None:
+    """One sub-group's optimizer state from the checkpoint, before it is swapped in. In memory: its fp32 weights
+    and the saved state. Swapped: the step count, and an unfilled full-size tensor for each state tensor the
+    checkpoint holds in a swap file, so that the swapper registers it and reads it from the restored file (a
+    fresh optimizer has none, so the files would be ignored and then overwritten). The ZeRO file's copy of such
+    a tensor is not used: the serial swapper saves it empty (released after each step), the pipelined one as a
+    view of a swap buffer that went back to its pool (pipelined_optimizer_swapper.py, _complete_swap_out)."""
+    import torch
+
+    fp32 = optimizer.fp32_partitioned_groups_flat[sub_group]
+    base = optimizer.optimizer
+    if not swapped:
+        fp32.data.copy_(saved["fp32_flat_groups"][sub_group].data)
+        base.state[fp32] = {
+            key: value.to(fp32.device) if torch.is_tensor(value) else value for key, value in state.items()
+        }
+        return
+    numel = int(optimizer.fp16_partitioned_groups_flat_numel[sub_group])
+    current = base.state[fp32]  # the optimizer's state is a defaultdict
+    for key, value in state.items():
+        if not (torch.is_tensor(value) and value.numel() in (0, numel) and numel > 0):
+            current[key] = value.to(fp32.device) if torch.is_tensor(value) else value
+        elif key not in current:  # one already there is the swapper's own (this process stepped): it reads it
+            current[key] = torch.empty(numel, dtype=value.dtype, device=fp32.device)  # filled by the swap-in
