@@ -60,3 +60,42 @@ def only(findings, path):
 
 def errors(findings):
     return [str(f) for f in findings if f.level == "error"]
+
+
+# Tiny encoder-decoder and encoder configs (inspection and CLI tests): as Hugging Face builds T5, BART, BERT.
+def tiny_t5(**overrides):
+    from transformers import T5Config
+
+    fields = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4)
+    return T5Config(**(fields | overrides))
+
+
+def tiny_bart(**overrides):
+    from transformers import BartConfig
+
+    fields = dict(
+        vocab_size=128,
+        d_model=32,
+        encoder_layers=3,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+    )
+    return BartConfig(**(fields | overrides))
+
+
+def tiny_bert(**overrides):
+    from transformers import BertConfig
+
+    fields = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BertConfig(**(fields | overrides))

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from tests.helpers import host_path, save_config
+from tests.helpers import host_path, save_config, tiny_bart, tiny_t5
 
 
 def invoke(*args: str):
@@ -57,33 +57,17 @@ def test_t5_11b_splits_its_blocks_and_counts_its_wide_attention():
     assert "48 layers (24 encoder + 24 decoder)" in out
 
 
-def tiny_t5():
-    from transformers import T5Config
-
-    return T5Config(
-        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4, n_positions=128
-    )
+def families_t5():
+    return tiny_t5(n_positions=128)
 
 
-def tiny_bart():
-    from transformers import BartConfig
-
-    return BartConfig(
-        vocab_size=128,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-    )
+def families_bart():
+    return tiny_bart(encoder_layers=2, decoder_ffn_dim=64, max_position_embeddings=128)
 
 
 @pytest.mark.parametrize(
     ("config", "architecture", "blocks", "cross"),
-    [(tiny_t5, "T5ForConditionalGeneration", 5, 3), (tiny_bart, "BartForConditionalGeneration", 4, 2)],
+    [(families_t5, "T5ForConditionalGeneration", 5, 3), (families_bart, "BartForConditionalGeneration", 4, 2)],
     ids=["t5", "bart"],
 )
 def test_a_tiny_encoder_decoder_made_here_plans_for_a_cpu_host(tmp_path, config, architecture, blocks, cross):

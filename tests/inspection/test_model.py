@@ -9,7 +9,7 @@ import pytest
 
 from launcher.errors import UserInputError
 from launcher.inspection.model import bundled_aliases, bundled_ids, inspect_model
-from tests.helpers import save_config, tiny_llama_config
+from tests.helpers import save_config, tiny_bart, tiny_bert, tiny_llama_config, tiny_t5
 
 
 def llama_params(v, h, i, layers, heads, kv_heads, tied):
@@ -141,43 +141,6 @@ def test_t5_11b_counts_both_stacks_and_its_largest_block():
     assert t5.largest_param_numel == 1024 * 65_536 and t5.largest_param_name.endswith("DenseReluDense.wi.weight")
     assert t5.attention_dim == inner and t5.hidden_size == 1024
     assert len(t5.param_numels) == 509 and sum(t5.param_numels) == t5.params  # model.parameters() order
-
-
-def tiny_t5(**overrides):
-    from transformers import T5Config
-
-    fields = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4)
-    return T5Config(**(fields | overrides))
-
-
-def tiny_bart():
-    from transformers import BartConfig
-
-    return BartConfig(
-        vocab_size=128,
-        d_model=32,
-        encoder_layers=3,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=48,
-        max_position_embeddings=64,
-    )
-
-
-def tiny_bert(**overrides):
-    from transformers import BertConfig
-
-    fields = dict(
-        vocab_size=128,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return BertConfig(**(fields | overrides))
 
 
 @pytest.mark.parametrize(

@@ -18,18 +18,10 @@ from launcher.plan.memory import Strategy
 from launcher.plan.planner import Workload, make_plan
 from launcher.views import plan_view
 from tests.helpers import host_path
+from tests.plan.test_timing import SEEDS_RATES as RATES  # the seeds' rates: 150 TFLOP/s, PCIe 4.0 at 32 GB/s
+from tests.plan.test_timing import SEVEN_B
 
-SEVEN_B = 7 * 10**9
 GB = 10**9
-# the seeds' rates (tests/plan/test_timing.py): 150 TFLOP/s of useful compute, PCIe 4.0 at 32 GB/s
-RATES = timing.Rates(
-    compute_flops_per_s=150e12,
-    pcie_bytes_per_s=32e9,
-    cpu_adam_params_per_s=80e9 / 12,
-    nvme_read_bytes_per_s=7e9,
-    nvme_write_bytes_per_s=5e9,
-    sources={},
-)
 ETHERNET_25G = 25e9 / 8  # 25 Gb/s = 3.125 GB/s per direction
 NVLINK_A100 = 300e9  # B/s per GPU per direction
 # 2048 tokens of 7 B parameters at 6 FLOPs per parameter and token, 150 TFLOP/s: 0.57344 s of compute
