@@ -115,24 +115,31 @@ def tokenization_for(plan: Plan, settings: Settings, data_kind: str) -> Tokeniza
     )
 
 
-def load_data(plan: Plan, settings: Settings, cache_dir: Path | None, tokenizer=None):
-    """(its Tokenization, training rows, held-out rows or None), tokenized once (the ranks reuse the cache in
-    `cache_dir`): proves before launch that the data yields rows for this model."""
-    from launcher.data.blocks import load_splits
+def data_layout(plan: Plan, settings: Settings) -> Tokenization:
+    """The data's Tokenization for this model, from a look at the data (and --eval-data, in the same format):
+    cheap, no tokenizer; refuses a model that does not train and data it cannot learn from."""
     from launcher.data.sources import inspect_data
 
     check_trainable(plan)
     source = inspect_data(settings.data, settings.text_field, data_format(settings))
-    tokenization = tokenization_for(plan, settings, source.kind)
-    rows, held = load_splits(
+    if settings.eval_data:  # in the training data's format
+        inspect_data(settings.eval_data, settings.text_field, source.kind)
+    return tokenization_for(plan, settings, source.kind)
+
+
+def load_data(settings: Settings, tokenization: Tokenization, tokenizer, cache_dir: Path | None):
+    """(training rows, held-out rows or None), tokenized once (the ranks reuse the cache in `cache_dir`): proves
+    before launch that the data yields rows for this model."""
+    from launcher.data.blocks import load_splits
+
+    return load_splits(
         settings.data,
         tokenization,
-        tokenizer or load_tokenizer(settings, model_identity(plan)),
+        tokenizer,
         cache_dir,
         eval_data=settings.eval_data,
         eval_fraction=settings.eval_fraction,
     )
-    return tokenization, rows, held
 
 
 def steps_for_epochs(epochs: float, n_blocks: int, plan: Plan) -> int:
@@ -171,7 +178,6 @@ def prepare(
     `before_data` is called with the run's identity (its data not yet fingerprinted) and the final ds_config
     once everything but the data's tokens is checked and before anything is written: the caller makes the
     checks that need the final config and checks and locks the folder there."""
-    from launcher.data.sources import inspect_data
 
     if plan.chosen is None:
         raise ValueError("prepare() needs a plan whose strategy fits")
@@ -180,18 +186,14 @@ def prepare(
     if tokenize:  # a real run
         check_nvme_room_for(plan, swap, settings.hostfile)
     final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())  # before the data
-    check_trainable(plan)
-    source = inspect_data(settings.data, settings.text_field, data_format(settings))
-    if settings.eval_data:  # in the training data's format
-        inspect_data(settings.eval_data, settings.text_field, source.kind)
-    tokenization = tokenization_for(plan, settings, source.kind)
+    tokenization = data_layout(plan, settings)
     pack = tokenize or settings.epochs is not None
     tokenizer = load_tokenizer(settings, model_identity(plan)) if pack else None
     if before_data is not None:
         before_data(run_identity(plan, settings, final.config, None), final.config)
     rows = None
     if pack:
-        _, rows, _ = load_data(plan, settings, out / "cache" if tokenize else None, tokenizer)
+        rows, _ = load_data(settings, tokenization, tokenizer, out / "cache" if tokenize else None)
     if settings.epochs is not None:  # the schedule's length follows the data: the config is made again for it
         steps = steps_for_epochs(settings.epochs, len(rows), plan)
         plan = replace(plan, workload=replace(plan.workload, steps=steps))

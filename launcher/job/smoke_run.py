@@ -114,7 +114,9 @@ def _data_check(plan: Plan, settings: Settings, report: SmokeReport, out: Path):
     t0 = time.monotonic()
     seq_len = plan.workload.seq_len
     try:
-        tokenization, blocks, _ = prepare.load_data(plan, settings, out / "cache")
+        tokenization = prepare.data_layout(plan, settings)
+        tokenizer = prepare.load_tokenizer(settings, prepare.model_identity(plan))
+        blocks, _ = prepare.load_data(settings, tokenization, tokenizer, out / "cache")
     except OffloadLaunchError as exc:
         report.add(Check("data", False, str(exc), time.monotonic() - t0))
         return None
