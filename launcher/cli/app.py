@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from launcher import __version__
+from launcher import __version__, stops
 from launcher.cli.check import check
 from launcher.cli.probe import probe
 from launcher.cli.recipes import recipes
@@ -54,7 +54,7 @@ def main() -> None:
     """Console-script entry point. Exit codes as docs/troubleshooting.md's table says, in every phase: a
     Ctrl-C exits 130 and a SIGTERM 143 with one line (never Click's "Aborted!" and exit 1), after the
     cleanup on the way out (the output folder's lock released, no partial cache file left)."""
-    signal.signal(signal.SIGTERM, _terminated)
+    stops.install()
     try:
         code = cli.main(prog_name="offload-launch", standalone_mode=False)
     except click.exceptions.Abort as abort:
@@ -64,20 +64,12 @@ def main() -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         _interrupted(signal.SIGINT)
-    except Terminated:
+    except stops.Terminated:
         _interrupted(signal.SIGTERM)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
     sys.exit(code if isinstance(code, int) else 0)  # --help and --version return their exit code
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the program is so that it unwinds like a Ctrl-C (finally blocks run)."""
-
-
-def _terminated(_signum, _frame) -> None:
-    raise Terminated()
 
 
 def _interrupted(signum: int) -> None:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import stops
 from launcher.job.sbatch import RANK_SCRIPT
 
 ENTRY_MODULE = "launcher.rank"
@@ -176,6 +177,7 @@ def run(
     output off stdout (for --json, whose stdout is one object). `inherit_fds` stay open in the launcher: the
     output folder's lock, so that it is held as long as DeepSpeed's runner lives, even if this process is
     killed and the runner (in its own session) carries on."""
+    stops.honour()  # a stop swallowed by a finalizer on the way here: never start the ranks after it
     if "--include" in argv:
         # The devices are named in --include: DeepSpeed's runner would only print that it ignores
         # CUDA_VISIBLE_DEVICES, delete it, and count the GPUs (to check the ids) with it still read by CUDA.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from launcher import stops
 from launcher.config.final import UserConfig
 from launcher.errors import Stopped, UserInputError
 from launcher.job import launch, nodes, preflight, prepare, rundir
@@ -182,7 +183,9 @@ class _Folder:
 
 def write_run(run: PreparedRun, *, resume: bool) -> None:
     """Start the folder over unless resuming a checkpoint (deleting only the previous run's results that this
-    tool made), record the run's identity in the marker, then write plan.json, ds_config.json, run_spec.json."""
+    tool made), record the run's identity in the marker, then write plan.json, ds_config.json, run_spec.json.
+    A Ctrl-C that arrived while the data was prepared stops here, before anything is written."""
+    stops.honour()
     if not resume or run.resume_from == 0:
         rundir.start_over(run.out)
     rundir.claim(run.out, "train", rundir.CONFIG_NAMES + rundir.RESULT_NAMES)
