@@ -23,7 +23,7 @@ from pathlib import Path
 from launcher.files import write_json_atomic
 from launcher.inspection.gpu_specs import gpu_datasheet, gpu_memory_bytes_per_s
 from launcher.inspection.hostprofile import HostProfile
-from launcher.plan.timing import ADAM_BYTES_PER_PARAM, MFU, Rates
+from launcher.plan.timing import ADAM_BYTES_PER_PARAM, MFU, ZERO_TENSOR_SECONDS, Rates
 from launcher.units import GB
 
 # Nominal figures, used when neither a measurement nor the host description gives one.
@@ -328,6 +328,8 @@ def run_probe(
         log("torch AdamW (fused) ...")
         torch_adam = measure_torch_adam(1 << 20 if quick else 32 << 20, counts)
         details["torch_adam_params_per_s_by_threads"] = {str(k): v for k, v in sorted(torch_adam.items())}
+    if not quick:  # ~15 s: a small model trained under DeepSpeed once per ZeRO family
+        details.update(measure_zero_costs(figures["cpu_memory_bandwidth_bytes_per_s"], log))
     aio_section: dict = {}
     if has_gpu:
         log("host<->device copies ...")
@@ -387,6 +389,24 @@ def cpu_flops_for_width(probe: ProbeResult, width: int) -> float | None:
     return by_width[nearest]
 
 
+def measure_zero_costs(cpu_memory_bytes_per_s: float, log: Callable[[str], None]) -> dict:
+    """{"zero_tensor_seconds": ...} for a probe's details (inspection/zero_costs.py); empty when it could not be
+    measured (the plan then uses the nominal figures, and a later run does not try again)."""
+    from launcher.inspection import zero_costs
+
+    log("ZeRO's cost per parameter tensor (a small model under DeepSpeed, one rank per ZeRO family) ...")
+    return {"zero_tensor_seconds": zero_costs.measure(cpu_memory_bytes_per_s, log) or {}}
+
+
+def with_zero_costs(result: ProbeResult, path: Path, log: Callable[[str], None]) -> ProbeResult:
+    """A cached probe from before ZeRO's per-tensor cost was measured, with it measured now (and cached)."""
+    bandwidth = result.figures.get("cpu_memory_bandwidth_bytes_per_s", NOMINAL_CPU_MEMORY_BANDWIDTH)
+    measured = measure_zero_costs(bandwidth, log)
+    result = ProbeResult(**{**result.to_json(), "details": {**result.details, **measured}})
+    save(result, path)
+    return result
+
+
 def resolve_rates(
     host: HostProfile, probe: ProbeResult | None, width: int | None = None, passes: dict | None = None
 ) -> Rates:
@@ -444,6 +464,11 @@ def resolve_rates(
     device_memory = gpu_memory_bytes_per_s(host.gpus.name) if host.has_gpu else None
     if passes:
         sources["passes"] = "measured"
+    zero_costs = _zero_costs(probe, host)
+    tried = probe is not None and "zero_tensor_seconds" in probe.details
+    sources["zero_tensor_seconds"] = (
+        "measured" if zero_costs else "nominal (not measurable here)" if tried else "nominal"
+    )
     return Rates(
         compute_flops_per_s=compute,
         pcie_bytes_per_s=pcie,
@@ -460,7 +485,17 @@ def resolve_rates(
         passes_per_layer_seconds=passes["per_layer_seconds"] if passes else None,
         passes_fixed_seconds=passes["fixed_seconds"] if passes else None,
         passes_tokens=passes["tokens"] if passes else 0,
+        zero_tensor_seconds=zero_costs,
     )
+
+
+def _zero_costs(probe: ProbeResult | None, host: HostProfile) -> dict:
+    """ZeRO's measured seconds per parameter tensor by family, when the probe measured them on the device the
+    ranks will use (inspection/zero_costs.py); {} otherwise."""
+    measured = probe.details.get("zero_tensor_seconds") if probe else None
+    if not measured or measured.get("device") != ("cuda" if host.has_gpu else "cpu"):
+        return {}
+    return {family: float(measured[family]) for family in ZERO_TENSOR_SECONDS if family in measured}
 
 
 def _by_threads(probe: ProbeResult | None, name: str) -> dict[int, float]:

@@ -135,12 +135,15 @@ def keep_checkpoint_strategy(settings: Settings) -> tuple[Settings, str | None]:
 
 def needs_rates(plan: Plan, settings: Settings) -> bool:
     """Whether a real run should measure this host first (build_plan's `measure`): the plan is for this machine
-    and some figure it ran on is not measured (the passes at this model's shapes, the NVMe folder it swaps to);
+    and some figure it ran on is not measured (the passes at this model's shapes, ZeRO's per-tensor cost, the NVMe
+    folder it swaps to);
     and the run would get past its cheap checks (the output folder is the tool's, the data is there), so that a
     mistake is still said at once rather than after the measuring."""
+    sources = plan.rates.sources
     uses_nvme = "nvme" in (plan.chosen.strategy.offload_optimizer, plan.chosen.strategy.offload_param)
-    nvme_nominal = uses_nvme and str(plan.rates.sources.get("nvme_read_bytes_per_s")).startswith("nominal")
-    if plan.host.source != "live" or ("passes" in plan.rates.sources and not nvme_nominal):
+    nvme_nominal = uses_nvme and str(sources.get("nvme_read_bytes_per_s")).startswith("nominal")
+    zero_nominal = sources.get("zero_tensor_seconds") == "nominal"  # not tried yet on this host
+    if plan.host.source != "live" or ("passes" in sources and not nvme_nominal and not zero_nominal):
         return False
     rundir.check_folder(output_dir(settings), "train", settings.force)
     return not settings.data or Path(settings.data).exists()  # a missing one: prepare_run says what is wrong

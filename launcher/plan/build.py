@@ -96,7 +96,7 @@ def nominal_note(host, rates: Rates) -> str | None:
     nominal = sorted(
         name
         for name, source in rates.sources.items()
-        if str(source).startswith("nominal") and not name.startswith(unused)
+        if str(source).startswith("nominal") and "not measurable" not in source and not name.startswith(unused)
     )
     if not nominal:
         return None
@@ -164,6 +164,9 @@ def host_rates(
             what = "this host" if cached is None else f"the NVMe folder {nvme_path}"
             log(f"no measured rates for {what} yet: measuring them once (offload-launch probe; cached) ...")
             cached = rates.measure_and_cache(nvme_path, quick=False, log=log, for_run=True)[0]
+        if measure and cached is not None and "zero_tensor_seconds" not in cached.details:
+            log("no measured ZeRO per-tensor cost for this host yet: measuring it once (cached) ...")
+            cached = rates.with_zero_costs(cached, rates.cache_path(tool_cache_dir()), log)
         if cached is not None:
             first = rates.resolve_rates(host, cached, model.hidden_size)
             passes = measured_passes(host, model, asked, first, identity, measure, log, trust_remote_code)

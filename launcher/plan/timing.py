@@ -160,9 +160,22 @@ WEIGHT_READS_RECOMPUTE = 4
 # measured passes minus its passes measured without DeepSpeed (inspection/passes.py) is split by least squares over
 # the ~1 M-, ~20 M- and ~100 M-parameter rows (39, 57 and 129 tensors) into a per-tensor and a per-parameter part,
 # per strategy family. One set of constants for every row and for the GPU runs of tests/plan/published_runs.yaml.
-HOOK_SECONDS_PER_TENSOR = 0.8e-3  # ZeRO-3: per parameter tensor per pass (forward, backward, recomputed forward)
-FETCH_SECONDS_PER_TENSOR = 0.5e-3  # ZeRO-3 with the parameters offloaded: each tensor's fetch, per pass, on top
-OFFLOAD_HOOK_SECONDS_PER_TENSOR = 0.66e-3  # ZeRO-1/2 with the optimizer offloaded: per tensor per micro-batch
+# Seconds per parameter tensor per micro-batch, by family: ZeRO-3's hooks (a fetch and a release each forward and
+# backward; with activation checkpointing also the recomputed forward's hooks, whose fetch the backward then finds
+# gathered), what offloading the parameters adds, ZeRO-1/2's gradient hook (with the optimizer offloaded also the
+# copy of each gradient into the CPU partition). Nominal: a host the probe measured uses its own
+# (inspection/zero_costs.py, Rates.zero_tensor_seconds), since these are bound by one thread's speed. The nominal
+# ZeRO-3 and offload figures are the least-squares fit above (0.8 ms per pass, 0.5 ms per fetch). ZeRO-1/2's hook
+# without offload is not charged unmeasured: the probe finds 0.16-0.25 ms on the machine above, but that includes
+# the gradient's copy into the contiguous buffer at this CPU's speed, which a GPU does as a device kernel, and
+# charging it to the published A100 runs (tests/plan/published_runs.yaml) takes their ratios out of their band.
+ZERO_TENSOR_SECONDS = {
+    "zero3_hook": 2 * 0.8e-3,
+    "zero3_hook_recompute": 3 * 0.8e-3,
+    "zero3_fetch": 2 * 0.5e-3,
+    "offload_hook": 0.66e-3,
+    "zero12_hook": 0.0,
+}
 # ZeRO's per-parameter work per micro-batch on the CPU accelerator, as bytes through the rank's share of the host's
 # memory bandwidth, by (ZeRO-3?, optimizer offloaded?, where the parameters live). On a GPU the same work runs as
 # device kernels and is not charged: at HBM bandwidth it would add ~0.05 s to Qwen2.5-1.5B's 0.24 s ZeRO-2 step of
@@ -218,6 +231,13 @@ class Rates:
     # known; planner.make_plan fills them from the host, network.with_links)
     network_bytes_per_s: float | None = None
     interconnect_bytes_per_s: float | None = None
+    # [DS-hooks] ZeRO's seconds per parameter tensor by family, measured on this host (inspection/zero_costs.py);
+    # a family not in it: ZERO_TENSOR_SECONDS
+    zero_tensor_seconds: dict = field(default_factory=dict)
+
+    def zero_seconds(self, family: str) -> float:
+        """ZeRO's seconds per parameter tensor of `family` (ZERO_TENSOR_SECONDS' keys): measured, else nominal."""
+        return self.zero_tensor_seconds.get(family, ZERO_TENSOR_SECONDS[family])
 
     def host_device_bytes_per_s(self, pinned: bool) -> float:
         """The host<->device rate DeepSpeed's offload copies get: pinned, or pageable when pin_memory is off
@@ -423,27 +443,42 @@ def host_bytes(
     return passes, update
 
 
+def zero_tensor_seconds(strategy: Strategy, recompute: bool, rates: Rates) -> float:
+    """[DS-hooks] ZeRO's cost per parameter tensor per micro-batch: ZeRO-3's gather/release hooks every pass (and
+    fetches, with the parameters offloaded), ZeRO-1/2's gradient hook (and copy to the offloaded partition)."""
+    if strategy.zero_stage >= 3:
+        fetch = rates.zero_seconds("zero3_fetch") if strategy.offload_param != "none" else 0.0
+        return rates.zero_seconds("zero3_hook_recompute" if recompute else "zero3_hook") + fetch
+    return rates.zero_seconds("offload_hook" if strategy.offload_optimizer != "none" else "zero12_hook")
+
+
+def zero_param_seconds(
+    params: int, zero3: bool, offload_optimizer: str, offload_param: str, bandwidth: float, has_gpu: bool
+) -> float:
+    """[DS-hooks] ZeRO's per-parameter work per micro-batch on the CPU accelerator, `params` (a rank's share)
+    through `bandwidth` (the rank's share of the host's memory bandwidth); on a GPU not charged (see
+    ZERO_PASS_BYTES_PER_PARAM)."""
+    if has_gpu or not bandwidth:
+        return 0.0
+    return ZERO_PASS_BYTES_PER_PARAM[(zero3, offload_optimizer != "none", offload_param)] * params / bandwidth
+
+
 def framework_seconds(
     shape: Shape, strategy: Strategy, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool
 ) -> float:
-    """[DS-hooks] ZeRO's own cost in the passes, every micro-batch: ZeRO-3's per-tensor gather/release hooks
-    every pass (and fetches, with the parameters offloaded), ZeRO-1/2's per-tensor copy to the offloaded
-    partition, and on the CPU accelerator the per-parameter work through the rank's share of the host's memory."""
-    passes = 3 if shape.recompute else 2
-    zero3 = strategy.zero_stage >= 3
-    offloaded = strategy.offload_optimizer != "none"
-    if zero3:
-        fetch = FETCH_SECONDS_PER_TENSOR if strategy.offload_param != "none" else 0.0
-        per_tensor = (HOOK_SECONDS_PER_TENSOR + fetch) * passes
-    elif offloaded:
-        per_tensor = OFFLOAD_HOOK_SECONDS_PER_TENSOR
-    else:
-        per_tensor = 0.0
-    # measured on the CPU accelerator only: charged there (see ZERO_PASS_BYTES_PER_PARAM)
-    bandwidth = 0.0 if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node
-    per_param = ZERO_PASS_BYTES_PER_PARAM[(zero3, offloaded, strategy.offload_param)] * shape.params / world
-    t_params = per_param / bandwidth if bandwidth else 0.0
-    return (per_tensor * shape.param_tensors + t_params) * shape.grad_accum
+    """[DS-hooks] ZeRO's own cost in the passes per optimizer step: per parameter tensor and per parameter, every
+    micro-batch."""
+    per_tensor = zero_tensor_seconds(strategy, shape.recompute, rates) * shape.param_tensors
+    bandwidth = (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node
+    per_param = zero_param_seconds(
+        shape.params // world,
+        strategy.zero_stage >= 3,
+        strategy.offload_optimizer,
+        strategy.offload_param,
+        bandwidth,
+        has_gpu,
+    )
+    return (per_tensor + per_param) * shape.grad_accum
 
 
 def nvme_bytes(params: int, strategy: Strategy, world: int, ranks_per_node: int, grad_accum: int) -> tuple[int, int]:

@@ -22,4 +22,10 @@ def test_the_nominal_figures_a_plan_uses_are_named_once():
 def test_a_measured_host_has_nothing_to_say():
     host = replace(load_host_spec(host_path("cpu-only")), nvme=None)
     figures = {"cpu_memory_bandwidth_bytes_per_s": 3e10, "cpu_flops_per_s": 4e11, "cpu_adam_params_per_s": 1.5e9}
-    assert nominal_note(host, resolve_rates(host, ProbeResult(host_id="h", date="d", figures=figures))) is None
+    zero = {"zero_tensor_seconds": {"zero3_hook": 2e-3, "device": "cpu"}}
+    probe = ProbeResult(host_id="h", date="d", figures=figures, details=zero)
+    assert nominal_note(host, resolve_rates(host, probe)) is None
+    unmeasurable = replace(probe, details={"zero_tensor_seconds": {}})  # tried, could not run: nothing to advise
+    assert nominal_note(host, resolve_rates(host, unmeasurable)) is None
+    quick = replace(probe, details={})  # `probe --quick` leaves it out: a full probe measures it
+    assert "zero_tensor_seconds" in nominal_note(host, resolve_rates(host, quick))

@@ -276,14 +276,31 @@ def test_zero_pays_per_tensor_and_per_parameter():
     def per_param(key) -> float:
         return timing.ZERO_PASS_BYTES_PER_PARAM[key] * SEVEN_B / 50e9 * 2
 
-    assert framework(Strategy(2)) == pytest.approx(per_param((False, False, "none")))
-    assert framework(Strategy(2), has_gpu=True) == 0
+    nominal = timing.ZERO_TENSOR_SECONDS
+    assert framework(Strategy(2)) == pytest.approx(nominal["zero12_hook"] * 291 * 2 + per_param((False, False, "none")))
+    assert framework(Strategy(2), has_gpu=True) == pytest.approx(nominal["zero12_hook"] * 291 * 2)
     assert framework(Strategy(2, "cpu")) == pytest.approx(
-        timing.OFFLOAD_HOOK_SECONDS_PER_TENSOR * 291 * 2 + per_param((False, True, "none"))
+        nominal["offload_hook"] * 291 * 2 + per_param((False, True, "none"))
     )
-    hooks = timing.HOOK_SECONDS_PER_TENSOR + timing.FETCH_SECONDS_PER_TENSOR
-    assert framework(Strategy(3, "cpu", "cpu")) == pytest.approx(hooks * 291 * 3 * 2 + per_param((True, True, "cpu")))
-    assert framework(Strategy(3, "cpu", "cpu"), has_gpu=True) == pytest.approx(hooks * 291 * 3 * 2)
+    hooks = nominal["zero3_hook_recompute"] + nominal["zero3_fetch"]  # the shape recomputes
+    assert framework(Strategy(3, "cpu", "cpu")) == pytest.approx(hooks * 291 * 2 + per_param((True, True, "cpu")))
+    assert framework(Strategy(3, "cpu", "cpu"), has_gpu=True) == pytest.approx(hooks * 291 * 2)
+    assert framework(Strategy(3), has_gpu=True) == pytest.approx(nominal["zero3_hook_recompute"] * 291 * 2)
+
+
+def test_a_host_measured_per_tensor_cost_replaces_the_nominal_one():
+    """inspection/zero_costs.py's figures (Rates.zero_tensor_seconds) win, family by family."""
+    hooked = timing.Shape(SEVEN_B, SEVEN_B, param_tensors=100, seq_len=2048, grad_accum=1, recompute=False)
+    measured = replace(SEEDS_RATES, zero_tensor_seconds={"zero3_hook": 2e-3, "zero12_hook": 1e-4})
+
+    def framework(strategy: Strategy, rates) -> float:
+        return timing.framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=True)
+
+    assert framework(Strategy(3), measured) == pytest.approx(2e-3 * 100)
+    assert framework(Strategy(2), measured) == pytest.approx(1e-4 * 100)
+    fetch = timing.ZERO_TENSOR_SECONDS["zero3_fetch"]  # not measured: nominal
+    assert framework(Strategy(3, "cpu", "cpu"), measured) == pytest.approx((2e-3 + fetch) * 100)
+    assert framework(Strategy(2, "cpu"), measured) == framework(Strategy(2, "cpu"), SEEDS_RATES)
 
 
 def test_the_phases_add_up_and_nothing_offloaded_is_no_offload_overhead():

@@ -1,0 +1,59 @@
+"""ZeRO's per-tensor cost, measured under DeepSpeed (launcher/inspection/zero_costs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.inspection import zero_costs
+from launcher.plan.timing import ZERO_TENSOR_SECONDS
+
+
+def test_each_family_is_its_excess_over_the_bare_model_per_tensor_less_the_per_parameter_part():
+    deltas = {"zero12_hook": 0.02, "offload_hook": 0.03, "zero3_hook": 0.2, "zero3_hook_recompute": 0.22}
+    deltas["zero3_fetch"] = 0.25
+    param_seconds = dict.fromkeys(deltas, 0.0) | {"zero3_hook": 0.01, "zero3_fetch": 0.02}
+    costs = zero_costs.per_tensor_costs(deltas, 100, param_seconds)
+    assert costs["zero12_hook"] == pytest.approx(2e-4) and costs["offload_hook"] == pytest.approx(3e-4)
+    assert costs["zero3_hook"] == pytest.approx(1.9e-3) and costs["zero3_hook_recompute"] == pytest.approx(2.2e-3)
+    assert costs["zero3_fetch"] == pytest.approx(0.23 / 100 - 1.9e-3)  # what offloading the parameters adds
+    assert set(costs) == set(ZERO_TENSOR_SECONDS)  # every family the step-time model charges
+    faster = zero_costs.per_tensor_costs(dict(deltas, zero12_hook=-0.01), 100, param_seconds)
+    assert faster["zero12_hook"] == 0  # noise below the bare model is no negative cost
+
+
+def test_the_families_take_turns_within_each_round():
+    calls = []
+
+    def timer(name, seconds):
+        def timed():
+            calls.append(name)
+            return seconds[len([c for c in calls if c == name]) - 1]
+
+        return timed
+
+    passes = {"a": timer("a", [9, 9, 1, 2, 3]), "b": timer("b", [9, 9, 5, 5, 7])}
+    assert zero_costs.time_rounds(passes, warmup=2, repeats=3) == {"a": 2, "b": 5}
+    assert calls == ["a", "b"] * 5
+
+
+def test_every_family_is_planned_as_offload_launch_writes_it(tiny_llama_dir):
+    """The probe's engines run the ds_configs the tool writes for each family's strategy."""
+    from launcher.inspection.host import inspect_host
+    from launcher.inspection.model import inspect_model
+
+    profile, host = inspect_model(str(tiny_llama_dir)), inspect_host(None)
+    for family, (stage, optimizer, param, _) in zero_costs.FAMILIES.items():
+        zero = zero_costs._ds_config(profile, host, family)["zero_optimization"]
+        assert str(zero["stage"]) == stage
+        assert zero.get("offload_optimizer", {}).get("device", "none") == optimizer
+        assert zero.get("offload_param", {}).get("device", "none") == param
+
+
+@pytest.mark.slow
+def test_measured_for_real_under_deepspeed():
+    """About 15 s: five engines and the bare model on this host's accelerator (the CPU one here)."""
+    costs = zero_costs.measure(20e9, log=pytest.fail)
+    assert costs["device"] == "cpu" and costs["tensors"] == 57
+    assert 2e-4 < costs["zero3_hook"] < 2e-2  # ms-scale Python hooks (2.4 ms on the 2-core development machine)
+    assert costs["zero3_hook"] > 3 * costs["zero12_hook"]  # a fetch and a release per pass against one hook
+    assert costs["zero3_hook_recompute"] > 0.8 * costs["zero3_hook"]
