@@ -234,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (for a smoke test of the bench)")
     parser.add_argument("--only", choices=("binding",), help="only these rows: binding, the core-binding pair")
     args = parser.parse_args(argv)
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    # Everything measured in this run, side by side: a cache of its own (probe figures, passes at each model's
+    # shapes, finished runs' calibration), since this machine's speed drifts by up to 2x between days and a
+    # figure cached on another day would be compared with today's steps. DeepSpeed's compiled ops stay where
+    # TORCH_EXTENSIONS_DIR (or the default cache) keeps them.
+    bench_cache = tempfile.mkdtemp(prefix="offload-launch-bench-cache-")
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CACHE_HOME=bench_cache, TORCH_EXTENSIONS_DIR=extensions)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.only == "binding":  # the runs measure what this host's cache lacks themselves
         print("core binding: bound and not bound ...", file=sys.stderr)
@@ -269,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print("core binding: bound and not bound ...", file=sys.stderr)
         binding = bench_binding(env, steps, Path(workdir), "1M" if args.quick else BINDING_SIZE)
     shutil.rmtree(nvme_dir, ignore_errors=True)
+    shutil.rmtree(bench_cache, ignore_errors=True)
 
     report = {
         "date": started,

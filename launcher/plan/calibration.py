@@ -3,6 +3,9 @@
 each candidate's phases by what runs of that strategy measured against what was predicted (the median of the
 most recent RECENT_RUNS).
 
+A factor is a ratio to one version of the step-time model: runs predicted by another version (timing.MODEL_VERSION)
+are not used, since their ratios correct errors the current model may no longer make.
+
 The first-principles prediction is never replaced: the plan carries both, says which strategies were
 calibrated and from how many runs, and chooses by the calibrated one where there is one.
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.files import append_jsonl
-from launcher.plan.timing import StepEstimate
+from launcher.plan.timing import MODEL_VERSION, StepEstimate
 
 FILE_NAME = "calibration.jsonl"
 RECENT_RUNS = 10  # the most recent runs of a strategy on a host that its factors come from
@@ -47,6 +50,7 @@ def record(
         "strategy": strategy,
         "model": model,
         "world_size": world,
+        "model_version": MODEL_VERSION,
         "predicted": {p: predicted[p] for p in PHASES},
         "measured": {p: measured[p] for p in PHASES},
     }
@@ -56,7 +60,8 @@ def record(
 
 def load(cache_dir: Path, host_id: str, model: str, world: int) -> dict[str, Factors]:
     """strategy label -> Factors, from the recorded runs of this model with this many ranks on this host (a
-    damaged line is skipped): another model or world size shares the rates, not the ratios."""
+    damaged line is skipped): another model or world size shares the rates, not the ratios, and a run predicted by
+    another version of the step-time model shares neither."""
     by_strategy: dict[str, list[dict]] = {}
     try:
         lines = (cache_dir / FILE_NAME).read_text().splitlines()
@@ -65,7 +70,8 @@ def load(cache_dir: Path, host_id: str, model: str, world: int) -> dict[str, Fac
     for text in lines:
         try:
             run = json.loads(text)
-            if (run["host_id"], run["model"], run.get("world_size")) == (host_id, model, world):
+            key = (run["host_id"], run["model"], run.get("world_size"), run.get("model_version"))
+            if key == (host_id, model, world, MODEL_VERSION):
                 by_strategy.setdefault(run["strategy"], []).append(run)
         except (ValueError, KeyError, TypeError):
             continue

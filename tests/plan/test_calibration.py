@@ -44,6 +44,14 @@ def test_a_run_without_measured_phases_is_not_recorded_and_a_damaged_line_is_ski
     assert calibration.load(tmp_path, "h", "m", 1)["ZeRO-3"].runs == 1
 
 
+def test_runs_predicted_by_another_version_of_the_step_time_model_are_not_used(tmp_path, monkeypatch):
+    calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(5.0, 10.0))
+    monkeypatch.setattr(calibration, "MODEL_VERSION", "a later one")
+    assert calibration.load(tmp_path, "h", "m", 1) == {}  # its ratios corrected errors this model may not make
+    calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(1.0, 2.0))
+    assert calibration.load(tmp_path, "h", "m", 1)["ZeRO-3"] == calibration.Factors(1.0, 1.0, 1)
+
+
 def test_only_the_most_recent_runs_count(tmp_path):
     for _ in range(calibration.RECENT_RUNS):
         calibration.record(tmp_path, "h", "ZeRO-3", "m", 1, PREDICTED, measured(5.0, 10.0))
