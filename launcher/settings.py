@@ -257,6 +257,14 @@ class Settings:
         0, "Checkpoint every N optimizer steps (0: only at the end).", group=Group.TRAIN, minimum=0
     )
     keep_checkpoints: int = setting(2, "Complete checkpoints to keep.", group=Group.TRAIN, minimum=1)
+    node_local_checkpoints: str | None = setting(
+        None,
+        "Checkpoints on each node's own disk at DIR (the same path on every node) instead of OUT/checkpoints: each "
+        "node keeps its ranks' shards (DeepSpeed's use_node_local_storage); a resume needs every node's folder.",
+        group=Group.TRAIN,
+        metavar="DIR",
+        kind=Kind.PATH,
+    )
     resume: bool = setting(
         True,
         "Continue from the newest complete checkpoint in --output-dir, or start over.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal as signals
 import subprocess
 import sys
 import textwrap
@@ -31,9 +32,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def as_at_a_terminal() -> None:
+    """SIGINT at its default, as a terminal starts a command (a test suite started in the background, `make test &`,
+    inherits it ignored, and install() then leaves it so)."""
+    signals.signal(signals.SIGINT, signals.SIG_DFL)
+
+
 def run(signal: str, exception: str) -> subprocess.CompletedProcess:
     code = SCRIPT.format(signal=signal, exception=exception)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=as_at_a_terminal
+    )
 
 
 def test_a_ctrl_c_swallowed_by_a_finalizer_is_raised_again_without_a_traceback():
@@ -45,6 +54,19 @@ def test_a_ctrl_c_swallowed_by_a_finalizer_is_raised_again_without_a_traceback()
 def test_a_sigterm_swallowed_by_a_finalizer_is_raised_again():
     proc = run("SIGTERM", "stops.Terminated")
     assert proc.stdout.splitlines() == ["carried on", "honoured"] and proc.returncode == 7, proc.stderr
+
+
+def test_a_ctrl_c_ignored_by_the_parent_stays_ignored():
+    """A background job of a script starts with SIGINT ignored; install() leaves it so, as Python does."""
+    code = "import signal\nfrom launcher import stops\nstops.install()\nprint(signal.getsignal(signal.SIGINT))"
+    ignored = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_IGN),
+    )
+    assert ignored.stdout.strip() == str(signals.SIG_IGN.value), ignored.stderr  # printed as 1
 
 
 def test_nothing_is_raised_when_no_stop_arrived():

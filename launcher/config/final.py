@@ -76,9 +76,12 @@ def final_config(
     *,
     swap_dir: str | None = None,
     cache_dir: Path | None = None,
+    node_local: bool = False,
 ) -> FinalConfig:
     """The ds_config for `plan`: generated, or the user's with its "auto" values filled from the generated one;
-    NVMe offload swaps into `swap_dir` (the run's own folder on the drive); validated."""
+    NVMe offload swaps into `swap_dir` (the run's own folder on the drive); `node_local` (--node-local-checkpoints):
+    each node's first rank also writes the model's states, so that every node's folder can be loaded alone
+    (DeepSpeed's checkpoint.use_node_local_storage: engine.py saves the non-ZeRO states on local rank 0); validated."""
     config = dsconfig.render(plan, nvme_path=swap_dir)
     warnings: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
@@ -93,5 +96,7 @@ def final_config(
             offload = config.get("zero_optimization", {}).get(section, {})
             if swap_dir and offload.get("device") == "nvme":
                 offload["nvme_path"] = swap_dir
+    if node_local:
+        config.setdefault("checkpoint", {})["use_node_local_storage"] = True
     dsconfig.validate(config, plan.world_size, cache_dir=cache_dir, ignored=ignored)
     return FinalConfig(config, warnings)

@@ -92,7 +92,10 @@ def per_tensor_costs(deltas: dict, tensors: int, param_seconds: dict) -> dict:
     seconds per micro-batch) less the per-parameter part (`param_seconds`, the same unit); the fetch as what
     offloading the parameters adds to ZeRO-3's hooks."""
     per = {f: max(0.0, deltas[f] - param_seconds[f]) / tensors for f in deltas}
-    return per | {"zero3_fetch": max(0.0, per["zero3_fetch"] - per["zero3_hook"])}
+    per["zero3_fetch"] = max(0.0, per["zero3_fetch"] - per["zero3_hook"])
+    # ZeRO-3's hooks cannot cost nothing: a zero there is a machine too busy to measure it (the family is left out,
+    # and the plan keeps its nominal figure); the others may be near zero
+    return {f: v for f, v in per.items() if v > 0 or f not in ("zero3_hook", "zero3_hook_recompute")}
 
 
 def _ds_config(profile, host, family: str) -> dict:

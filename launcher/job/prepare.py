@@ -183,9 +183,11 @@ def prepare(
         raise ValueError("prepare() needs a plan whose strategy fits")
     out = Path(output_dir)
     swap = rundir.run_swap_dir(plan, out)
+    node_local = bool(settings.node_local_checkpoints)
     if tokenize:  # a real run
         check_nvme_room_for(plan, swap, settings.hostfile)
-    final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())  # before the data
+    # the final config before the data
+    final: FinalConfig = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir(), node_local=node_local)
     tokenization = data_layout(plan, settings)
     pack = tokenize or settings.epochs is not None
     tokenizer = load_tokenizer(settings, model_identity(plan)) if pack else None
@@ -197,7 +199,7 @@ def prepare(
     if settings.epochs is not None:  # the schedule's length follows the data: the config is made again for it
         steps = steps_for_epochs(settings.epochs, len(rows), plan)
         plan = replace(plan, workload=replace(plan.workload, steps=steps))
-        final = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir())
+        final = final_config(plan, user, swap_dir=swap, cache_dir=tool_cache_dir(), node_local=node_local)
     return assemble(plan, settings, out, final, rows, launcher_args, tokenization)
 
 
@@ -253,6 +255,8 @@ def run_identity(plan: Plan, settings: Settings, ds_config: dict, rows) -> dict:
         "optimizer": ds_config.get("optimizer"),
         "schedule": scheduler,
         "seed": settings.seed,
+        "checkpoints": rundir.node_local_root(settings.node_local_checkpoints, rundir.output_dir_of(settings))
+        or rundir.SHARED_CHECKPOINTS,
         # with --epochs the steps follow the data: unknown until it is tokenized
         "steps": None if settings.epochs is not None and rows is None else plan.workload.steps,
     }
@@ -276,6 +280,7 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None, tokeni
         seed=settings.seed,
         save_every=settings.save_every,
         keep_checkpoints=settings.keep_checkpoints,
+        node_local_checkpoints=rundir.node_local_root(settings.node_local_checkpoints, out),
         resume=settings.resume,
         trust_remote_code=settings.trust_remote_code,
         activation_checkpointing=plan.workload.activation_checkpointing,

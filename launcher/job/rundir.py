@@ -53,6 +53,8 @@ REPORT_FILE = "report.png"  # `offload-launch report RUN` without --out
 TOOL_NAMES = (MARKER_FILE, LOCK_FILE, *CONFIG_NAMES, *RESULT_NAMES, "cache", *SMOKE_NAMES, REPORT_FILE)
 COMPLETE_MARKER = "complete.json"  # written last into a checkpoint: one without it is never resumed from
 CHECKPOINT_TAG = re.compile(r"step(\d+)")  # the tool's checkpoint folders: checkpoints/step<N>
+SHARED_CHECKPOINTS = "OUT/checkpoints"  # the run identity's "checkpoints" without --node-local-checkpoints
+NODE_FOLDER = re.compile(r"node\d+")  # a node's folder of node-local checkpoints: <root>/node<N>
 SWAP_PREFIX = "offload-launch-"  # every run's folder under --nvme-path starts with this
 SWAP_OWNER_FILE = "owner.json"  # in that folder: which output folder's run it belongs to
 _SHOWN = 4  # entries named in a message before "and N more"
@@ -60,6 +62,11 @@ _SHOWN = 4  # entries named in a message before "and N more"
 
 def default_output_dir(model_name: str) -> str:
     return str(Path("runs") / Path(model_name.rstrip("/")).name)
+
+
+def output_dir_of(settings) -> Path:
+    """The run's output folder: --output-dir, else runs/<model>."""
+    return Path(settings.output_dir or default_output_dir(settings.model))
 
 
 def swap_dir(nvme_path: str, output_dir: str) -> str:
@@ -91,16 +98,31 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def newest_checkpoint_step(out: Path) -> int:
-    """The step of OUT's newest complete checkpoint; 0 when there is none."""
-    checkpoints = complete_checkpoints(Path(out) / "checkpoints")
-    return checkpoints[-1][0] if checkpoints else 0
+def node_local_root(directory: str | None, output_dir: str | Path) -> str | None:
+    """The run's own folder under --node-local-checkpoints DIR (as its swap folder under --nvme-path: stable across
+    resumes of the same OUT, distinct between runs), absolute; each node keeps its ranks' checkpoints in node<N>
+    under it. None without DIR: the checkpoints are OUT/checkpoints."""
+    return swap_dir(str(Path(directory).resolve()), str(output_dir)) if directory else None
 
 
-def discard_incomplete(checkpoint_dir: Path) -> list[str]:
+def newest_checkpoint_step(out: Path, node_local: str | None = None) -> int:
+    """The step of OUT's newest complete checkpoint; 0 when there is none. With node-local checkpoints
+    (`node_local`: node_local_root), the newest that every node folder seen from here has complete: on a shared
+    disk every node's, on a node's own disk its own (the ranks agree on the rest: rank/checkpoints.py)."""
+    if node_local is None:
+        checkpoints = complete_checkpoints(Path(out) / "checkpoints")
+        return checkpoints[-1][0] if checkpoints else 0
+    root = Path(node_local)
+    nodes = [p for p in root.glob("node*") if NODE_FOLDER.fullmatch(p.name)] if root.is_dir() else []
+    steps = [{step for step, _tag in complete_checkpoints(node)} for node in nodes]
+    return max(set.intersection(*steps), default=0) if steps else 0
+
+
+def discard_incomplete(checkpoint_dir: Path, everything: bool = False) -> list[str]:
     """Remove the tool's checkpoint folders (step<N>) without a completion marker: a run stopped while writing
-    them. They are never resumed from, and removing them gives their disk space back before the next save."""
-    complete = {tag for _step, tag in complete_checkpoints(checkpoint_dir)}
+    them. They are never resumed from, and removing them gives their disk space back before the next save.
+    `everything`: the complete ones too (--no-resume, where the ranks start node-local storage over)."""
+    complete = set() if everything else {tag for _step, tag in complete_checkpoints(checkpoint_dir)}
     removed = []
     if checkpoint_dir.is_dir():
         for folder in sorted(checkpoint_dir.iterdir()):
@@ -365,7 +387,10 @@ IDENTITY_FLAGS = {
     "optimizer": "the optimizer (--lr, --weight-decay, --ds-config)",
     "schedule": "the learning-rate schedule (--warmup-steps, --ds-config)",
     "seed": "--seed (the data order)",
+    "checkpoints": "where the checkpoints are (--node-local-checkpoints)",
 }
+# what a run recorded before its identity had the key
+IDENTITY_DEFAULTS = {"checkpoints": SHARED_CHECKPOINTS}
 
 
 @dataclass(frozen=True)
@@ -411,6 +436,7 @@ def resume_changes(previous: dict | None, current: dict, step: int, *, legacy: b
             else "its settings are not recorded"
         )
         return ResumeCheck(step, problems=(f"cannot tell whether it fits this run: {why}",))
+    previous = {**IDENTITY_DEFAULTS, **previous}
     changed = [key for key in IDENTITY_FLAGS if current.get(key) is not None and previous.get(key) != current.get(key)]
     problems = [_difference(key, previous.get(key), current.get(key)) for key in changed]
     notes = []

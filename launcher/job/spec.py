@@ -8,6 +8,7 @@ them under their own launcher with a run_spec.json of their own.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,9 @@ class RunSpec:
     seed: int = 0
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int = 2
+    # --node-local-checkpoints: this run's folder on every node's own disk (the same path on each); each node keeps
+    # its ranks' checkpoints in node<N> under it. None: OUT/checkpoints, shared by every node.
+    node_local_checkpoints: str | None = None
     resume: bool = True
     trust_remote_code: bool = False
     activation_checkpointing: bool = True
@@ -65,4 +69,13 @@ class RunSpec:
 
     @property
     def checkpoint_dir(self) -> Path:
+        """Where this rank's checkpoints go: OUT/checkpoints, or its node's folder of node-local storage."""
+        if self.node_local_checkpoints:
+            return Path(self.node_local_checkpoints) / f"node{node_rank()}"
         return self.out / "checkpoints"
+
+
+def node_rank() -> int:
+    """This rank's node, numbered in the hostfile's order: DeepSpeed's launch.py sets CROSS_RANK (and the Slurm
+    entry, launcher/job/sbatch.py, from SLURM_NODEID); torchrun sets GROUP_RANK."""
+    return int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0")))

@@ -47,7 +47,21 @@ class PreparedRun:
 
 
 def output_dir(settings: Settings) -> Path:
-    return Path(settings.output_dir or rundir.default_output_dir(settings.model))
+    return rundir.output_dir_of(settings)
+
+
+def node_local_root(settings: Settings) -> str | None:
+    """The run's folder of node-local checkpoints (--node-local-checkpoints), absolute; None: OUT/checkpoints."""
+    return rundir.node_local_root(settings.node_local_checkpoints, output_dir(settings))
+
+
+def newest_checkpoint_step(settings: Settings) -> int:
+    """The newest complete checkpoint of this run folder, as far as this machine can see: in OUT/checkpoints, or
+    with --node-local-checkpoints also there (a run that changed where its checkpoints go is told so by the resume
+    check, instead of starting over beside them)."""
+    shared = rundir.newest_checkpoint_step(output_dir(settings))
+    root = node_local_root(settings)
+    return max(shared, rundir.newest_checkpoint_step(output_dir(settings), root)) if root else shared
 
 
 def prepare_run(
@@ -116,7 +130,7 @@ def keep_checkpoint_strategy(settings: Settings) -> tuple[Settings, str | None]:
     Returns the settings and the line that says what was kept (the caller says it once the resume goes ahead)."""
     out = output_dir(settings)
     previous = (rundir.read_marker(out) or {}).get("run") if settings.resume else None
-    if not previous or not (step := rundir.newest_checkpoint_step(out)):
+    if not previous or not (step := newest_checkpoint_step(settings)):
         return settings, None
     kept = {
         name: str(previous[name])
@@ -172,7 +186,7 @@ class _Folder:
         if not self.settings.resume:
             return rundir.ResumeCheck(0)
         marker = rundir.read_marker(self.out) or self.ownership.marker or {}
-        step = rundir.newest_checkpoint_step(self.out)
+        step = newest_checkpoint_step(self.settings)
         check = rundir.resume_changes(marker.get("run"), identity, step, legacy=marker.get("legacy", False))
         if check.problems:
             raise UserInputError(rundir.refusal(self.out, check))
@@ -203,7 +217,8 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
         run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr, inherit_fds=lock_fd
     )
     if code != 0:
-        raise Stopped(stopped_message(run.out, code, several_nodes="--hostfile" in run.job.argv), code)
+        several = "--hostfile" in run.job.argv
+        raise Stopped(stopped_message(run.out, code, several, run.job.spec.node_local_checkpoints), code)
     summary = json.loads((run.out / rundir.SUMMARY_FILE).read_text())
     remember(run.job.plan, summary)
     return summary
@@ -223,13 +238,13 @@ def remember(plan: Plan, summary: dict) -> None:
     calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, plan.world_size, predicted, measured)
 
 
-def stopped_message(out: Path, code: int, several_nodes: bool = False) -> str:
+def stopped_message(out: Path, code: int, several_nodes: bool = False, node_local: str | None = None) -> str:
     """Why the run stopped and what rerunning will do: resume after the newest complete checkpoint, or start
     over when there is none; after a failure (not a signal) the log above says what to fix first. With several
     nodes, which one failed is in the log: pdsh starts each of its lines with the host it came from."""
     where = " on one of the nodes (the log's first error names it: pdsh starts each line with its host)"
     where = where if several_nodes else ""
-    step = rundir.newest_checkpoint_step(out)
+    step = rundir.newest_checkpoint_step(out, node_local)
     then = (
         f"resumes after step {step} (the newest complete checkpoint)"
         if step

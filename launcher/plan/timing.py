@@ -125,10 +125,10 @@ from launcher.plan.memory import (
     offloaded_activation_numels,
 )
 
-# [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 # Changed whenever a change to this file changes what it predicts: finished runs calibrate later plans only through
 # the version that predicted them (plan/calibration.py).
 MODEL_VERSION = "2026-12-02"
+# [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
 MFU = 0.5  # achievable fraction of a GPU's peak dense TFLOP/s in training (PaLM reports 46 %, Chowdhery 2022)
 # [seeds-A] DRAM bytes per parameter of one Adam step: reads master, gradient, m, v; writes master, m, v.

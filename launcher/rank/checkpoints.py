@@ -1,8 +1,13 @@
 """Checkpoints: which ones are complete, saving, loading and resuming, and the kill-point fault drill.
 
 A checkpoint is OUT/checkpoints/stepN as DeepSpeed writes it, plus a completion marker (COMPLETE_MARKER) written
-last, by rank 0, once every rank finished writing: a folder without it was cut short and is never resumed from
-(finding the complete ones is the run folder's business: launcher/job/rundir.py).
+last, by rank 0, once every rank on every node finished writing: a folder without it was cut short and is never
+resumed from (finding the complete ones is the run folder's business: launcher/job/rundir.py).
+
+With node-local storage (--node-local-checkpoints) each node writes its ranks' shards into its own folder
+(<root>/node<N>/stepN on its own disk) and its first rank writes that folder's marker, again once every rank on
+every node finished. A resume loads the newest checkpoint that every node has complete, and refuses, naming the
+node, when some node has none that the others have.
 Old checkpoints beyond --keep-checkpoints are removed only after the new one is complete.
 """
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from launcher.files import folder_bytes, write_json_atomic
 from launcher.job.rundir import COMPLETE_MARKER, complete_checkpoints, discard_incomplete
-from launcher.job.spec import RunSpec
+from launcher.job.spec import RunSpec, node_rank
 from launcher.units import fmt_bytes
 
 # Fault drills: OFFLOAD_LAUNCH_KILL_AT=step:N kills rank 0 with SIGKILL in the middle of step N (after the
@@ -92,17 +97,25 @@ class CheckpointStore:
         self.engine, self.spec, self.rank, self.zero, self.log = engine, spec, rank, zero, log
         self.dist = dist
         self.directory = spec.checkpoint_dir
+        self.node_local = spec.node_local_checkpoints is not None
+        # who looks after the folder (discards, marks complete, removes old ones): rank 0, or each node's first rank
+        self.keeper = int(os.environ.get("LOCAL_RANK", "0")) == 0 if self.node_local else rank == 0
         self.skipped: list[int] = []  # steps whose checkpoint was skipped for lack of disk space
 
     def resume(self) -> int:
         """Load the newest complete checkpoint; the optimizer step to continue after (0 = fresh)."""
         if not self.spec.resume:
+            if self.node_local and self.keeper:  # --no-resume: the CLI cannot reach the other nodes' disks
+                discard_incomplete(self.directory, everything=True)
+            self.dist.barrier()
             return 0
-        if self.rank == 0:
+        if self.keeper:
             for tag in discard_incomplete(self.directory):
                 self.log(f"removed incomplete checkpoint {tag} (the run stopped while writing it)")
         self.dist.barrier()
         checkpoints = complete_checkpoints(self.directory)
+        if self.node_local:
+            checkpoints = self._on_every_node(checkpoints)
         if not checkpoints:
             return 0
         step, tag = checkpoints[-1]
@@ -111,6 +124,31 @@ class CheckpointStore:
             raise SystemExit(f"checkpoint {self.directory / tag} could not be loaded")
         self.log(f"resumed from {tag} (step {step})")
         return int(client_state.get("step", step))
+
+    def _on_every_node(self, mine: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Node-local storage: of this node's complete checkpoints, those every node has complete (collective).
+        A node without any that the others have (its disk wiped or replaced, the hostfile reordered, which
+        renumbers the nodes) stops the run with a message naming it."""
+        import socket
+
+        seen: list = [None] * self.dist.get_world_size()
+        self.dist.all_gather_object(seen, (node_rank(), socket.gethostname(), [step for step, _tag in mine]))
+        nodes = {node: (host, set(steps)) for node, host, steps in seen}
+        common = set.intersection(*(steps for _host, steps in nodes.values()))
+        newest = max(set.union(*(steps for _host, steps in nodes.values())), default=0)
+        if newest and not common:
+            lacking = ", ".join(
+                f"node {n} ({host})" for n, (host, steps) in sorted(nodes.items()) if newest not in steps
+            )
+            raise SystemExit(
+                f"[offload-launch] cannot resume: {lacking} has no complete checkpoint that every node has in its "
+                f"node-local folder {self.directory.parent}/node<N> (the newest, step {newest}, is on another node): "
+                "restore that node's folder (the hostfile's order numbers the nodes), or rerun with --no-resume "
+                "to start over"
+            )
+        if common and max(common) < newest:
+            self.log(f"checkpoint step{newest} is not complete on every node: resuming from the newest that is")
+        return [(step, tag) for step, tag in mine if step in common]
 
     def save(self, step: int) -> None:
         """DeepSpeed checkpoint, then the completion marker (rank 0, after every rank finished writing),
@@ -136,8 +174,8 @@ class CheckpointStore:
                 "free space (df -h) and rerun the same command to resume"
             ) from None
         kill_point("checkpoint", step, self.rank)
-        self.dist.barrier()
-        if self.rank == 0:
+        self.dist.barrier()  # every rank on every node has written its part
+        if self.keeper:
             mark_complete(self.directory, tag, step, self.spec.keep_checkpoints)
         self.dist.barrier()
 

@@ -23,7 +23,7 @@ from launcher.files import folder_bytes, write_json_atomic
 from launcher.inspection.model import AUTO_CLASSES, auto_class
 from launcher.inspection.passes import enable_recompute
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
-from launcher.job.spec import RunSpec
+from launcher.job.spec import RunSpec, node_rank
 from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
 from launcher.rank.export import export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
@@ -337,7 +337,7 @@ class Trainer:
         mine = {
             "rank": self.rank,
             "host": socket.gethostname(),
-            "node_rank": int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))),
+            "node_rank": node_rank(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": self.torch.get_num_threads(),
             "accelerator": os.environ.get("DS_ACCELERATOR"),

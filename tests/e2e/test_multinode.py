@@ -107,6 +107,39 @@ def test_two_nodes_train_checkpoint_resume_after_a_kill_and_export(tiny_model, t
     assert (out / "final" / "config.json").exists()
 
 
+def test_node_local_checkpoints_each_node_keeps_its_own_and_a_lost_one_is_refused_by_name(
+    tiny_model, tiny_data, tmp_path, sshd, hostfile
+):
+    """--node-local-checkpoints: each node writes its ranks' shards (and, DeepSpeed's use_node_local_storage, the
+    model's states) into its own folder, marked complete once every rank on both nodes wrote; a resume loads the
+    newest step every node has; a node whose folder is gone is named, and nothing starts."""
+    out, local = tmp_path / "run", tmp_path / "local"
+    args = two_nodes(sshd, hostfile, "--node-local-checkpoints", str(local))
+    killed = launch(tiny_model, tiny_data, out, *args, env={**sshd.env, KILL_AT_ENV: "step:3"})
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert json.loads((out / "ds_config.json").read_text())["checkpoint"] == {"use_node_local_storage": True}
+    assert not (out / "checkpoints").exists()
+    root = Path(rundir.node_local_root(str(local), out))
+    assert sorted(p.name for p in root.iterdir()) == ["node0", "node1"]
+    for node in (0, 1):
+        step2 = root / f"node{node}" / "step2"
+        assert (step2 / rundir.COMPLETE_MARKER).exists() and (step2 / "mp_rank_00_model_states.pt").exists()
+        shards = sorted(p.name for p in step2.glob("*zero_pp_rank_*"))
+        assert shards and all(f"zero_pp_rank_{node}_" in name for name in shards), shards  # its own rank's only
+    assert rundir.newest_checkpoint_step(out, str(root)) == 2
+
+    resumed = run_launch(tiny_model, tiny_data, out, *args, env=sshd.env)
+    assert "resumed from step2 (step 2)" in resumed.stderr
+    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3, 4]
+
+    shutil.rmtree(root / "node1")  # node 1's disk replaced: its shards are gone
+    more = two_nodes(sshd, hostfile, "--node-local-checkpoints", str(local), "--steps", "6")
+    refused = launch(tiny_model, tiny_data, out, *more, env=sshd.env)
+    assert refused.returncode != 0
+    assert "cannot resume: node 1 (" in refused.stderr and "--no-resume to start over" in refused.stderr
+    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3, 4]  # nothing trained
+
+
 def test_a_host_that_does_not_answer_ssh_is_one_line_before_anything_starts(tiny_model, tiny_data, tmp_path, sshd):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\nno-such-host.invalid slots=1\n")

@@ -19,6 +19,8 @@ def test_each_family_is_its_excess_over_the_bare_model_per_tensor_less_the_per_p
     assert set(costs) == set(ZERO_TENSOR_SECONDS)  # every family the step-time model charges
     faster = zero_costs.per_tensor_costs(dict(deltas, zero12_hook=-0.01), 100, param_seconds)
     assert faster["zero12_hook"] == 0  # noise below the bare model is no negative cost
+    swamped = zero_costs.per_tensor_costs(dict(deltas, zero3_hook=0.005), 100, param_seconds)
+    assert "zero3_hook" not in swamped  # ZeRO-3 cannot be free: the noise swamped it, the nominal figure stays
 
 
 def test_the_families_take_turns_within_each_round():

@@ -216,6 +216,8 @@ IDENTITY = {
         ({"model_shape": {"architecture": "LlamaForCausalLM", "params": 9}}, "(--model) changed (params 1000 -> 9)"),
         ({"seed": 1}, "--seed (the data order) is 1"),
         ({"steps": 3}, "--steps 3 is behind the checkpoint at step 6: pass --steps 6 or more"),
+        ({"checkpoints": "/local/offload-launch-ab"}, "(--node-local-checkpoints) is /local/offload-launch-ab (the "
+         "checkpoint's run used OUT/checkpoints)"),  # IDENTITY predates the key: it was shared
     ],
 )  # fmt: skip
 def test_a_change_that_alters_what_the_checkpoint_means_is_refused_with_the_exact_difference(change, says):
@@ -232,6 +234,23 @@ def test_more_steps_and_moved_files_with_the_same_contents_are_stated_not_refuse
     assert "resuming after step 6; the learning-rate decay now ends at step 10" in check.notes[0]
     unknown_data = {**IDENTITY, "data": None, "data_path": "/elsewhere/x"}  # a dry run: not tokenized
     assert rundir.resume_changes(IDENTITY, unknown_data, 6) == rundir.ResumeCheck(6)
+
+
+def test_node_local_checkpoints_resume_from_the_newest_step_every_node_folder_has(tmp_path):
+    root = Path(rundir.node_local_root(str(tmp_path / "local"), tmp_path / "out"))
+    assert root.parent == tmp_path / "local" and root.name.startswith(rundir.SWAP_PREFIX)
+    assert rundir.node_local_root(None, tmp_path / "out") is None
+    assert rundir.newest_checkpoint_step(tmp_path / "out", str(root)) == 0  # nothing written yet
+
+    def complete(node: int, step: int) -> None:
+        (root / f"node{node}" / f"step{step}").mkdir(parents=True)
+        (root / f"node{node}" / f"step{step}" / rundir.COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+
+    complete(0, 2), complete(1, 2), complete(0, 4)  # node 1 died before marking step 4
+    assert rundir.newest_checkpoint_step(tmp_path / "out", str(root)) == 2
+    complete(1, 4)
+    assert rundir.newest_checkpoint_step(tmp_path / "out", str(root)) == 4
+    assert rundir.newest_checkpoint_step(tmp_path / "out") == 0  # OUT/checkpoints is another place
 
 
 def test_nothing_to_resume_means_nothing_to_compare():
