@@ -5,6 +5,7 @@ OUT/.offload-launch.lock held by the run using OUT        OUT/run.json       sum
 OUT/plan.json            the plan (the --json contract)   OUT/checkpoints/   step<N>/ + complete.json
 OUT/ds_config.json       what DeepSpeed reads             OUT/final/         save_pretrained + tokenizer
 OUT/run_spec.json        what every rank reads            OUT/cache/         tokenized, packed data
+OUT/ranks/               where each rank ran, how it ended (job/ranks.py)
 (a smoke test's folder: OUT/smoke.json, OUT/smoke-model/, OUT/smoke-checkpoint/; `report`: OUT/report.png)
 
 Ownership. The marker says the folder is this tool's and records what wrote it: the run's identity (model,
@@ -46,7 +47,7 @@ METRICS_FILE = "metrics.jsonl"  # one line per optimizer step
 SUMMARY_FILE = "run.json"  # written last by a finished training run
 RESULT_NAMES = (METRICS_FILE, SUMMARY_FILE, "checkpoints", "final")  # a training run's results: --no-resume drops them
 # rewritten by every run; deepspeed_env (job/nodes.py ENV_FILE) only with --hostfile
-CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json", "deepspeed_env")
+CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json", "deepspeed_env", "ranks")
 SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT = "smoke.json", "smoke-model", "smoke-checkpoint"  # a smoke test's
 SMOKE_NAMES = (SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT)
 REPORT_FILE = "report.png"  # `offload-launch report RUN` without --out

@@ -13,7 +13,7 @@ from launcher.config.dsconfig import InvalidDsConfig
 from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import OffloadLaunchError, UserInputError
 from launcher.files import tool_cache_dir
-from launcher.job import launch, preflight, prepare, rundir, smoke
+from launcher.job import launch, preflight, prepare, ranks, rundir, smoke
 from launcher.job.smoke import Check, SmokeReport
 from launcher.job.train import Warn
 from launcher.plan.build import build_plan, closest_shortfall, fit_summary
@@ -148,6 +148,7 @@ def _smoke_job(
     job = prepare.assemble(plan, settings, out, final, rows, launcher_args, tokenization)
     rundir.start_over(out, rundir.RESULT_NAMES + (rundir.SMOKE_RESULT, rundir.SMOKE_CHECKPOINT))
     rundir.claim(out, "smoke", rundir.CONFIG_NAMES + rundir.RESULT_NAMES + rundir.SMOKE_NAMES)
+    ranks.clear(out)
     ds_config = {k: v for k, v in job.ds_config.items() if k != "scheduler"}
     spec = replace(job.spec, smoke=True, smoke_memory_tolerance=settings.smoke_memory_tolerance, resume=False)
     job = replace(job, ds_config=ds_config, spec=spec)

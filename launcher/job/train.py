@@ -17,8 +17,9 @@ from pathlib import Path
 from launcher import stops
 from launcher.config.final import UserConfig
 from launcher.errors import Stopped, UserInputError
-from launcher.job import launch, nodes, preflight, prepare, rundir
+from launcher.job import launch, nodes, preflight, prepare, ranks, rundir
 from launcher.job.prepare import Job
+from launcher.plan.build import hostfile_hosts
 from launcher.plan.planner import Plan
 from launcher.settings import Settings, declaration
 
@@ -206,6 +207,7 @@ def write_run(run: PreparedRun, *, resume: bool) -> None:
     if not resume or run.resume_from == 0:
         rundir.start_over(run.out)
     rundir.claim(run.out, "train", rundir.CONFIG_NAMES + rundir.RESULT_NAMES)
+    ranks.clear(run.out)  # this launch's ranks say where they ran (job/ranks.py)
     rundir.record_run(run.out, run.job.identity)
     prepare.write(run.job)
 
@@ -217,8 +219,10 @@ def launch_run(run: PreparedRun, *, stdout_to_stderr: bool) -> dict:
         run.job.argv, run.job.env, dict(os.environ), stdout_to_stderr=stdout_to_stderr, inherit_fds=lock_fd
     )
     if code != 0:
-        several = "--hostfile" in run.job.argv
-        raise Stopped(stopped_message(run.out, code, several, run.job.spec.node_local_checkpoints), code)
+        argv = run.job.argv
+        several = "--hostfile" in argv
+        lost = ranks.lost_nodes(run.out, hostfile_hosts(argv[argv.index("--hostfile") + 1])) if several else None
+        raise Stopped(stopped_message(run.out, code, several, run.job.spec.node_local_checkpoints, lost), code)
     summary = json.loads((run.out / rundir.SUMMARY_FILE).read_text())
     remember(run.job.plan, summary)
     return summary
@@ -238,12 +242,18 @@ def remember(plan: Plan, summary: dict) -> None:
     calibration.record(tool_cache_dir(), host_id(), label, plan.model.name, plan.world_size, predicted, measured)
 
 
-def stopped_message(out: Path, code: int, several_nodes: bool = False, node_local: str | None = None) -> str:
+def stopped_message(
+    out: Path, code: int, several_nodes: bool = False, node_local: str | None = None, lost: str | None = None
+) -> str:
     """Why the run stopped and what rerunning will do: resume after the newest complete checkpoint, or start
     over when there is none; after a failure (not a signal) the log above says what to fix first. With several
-    nodes, which one failed is in the log: pdsh starts each of its lines with the host it came from."""
-    where = " on one of the nodes (the log's first error names it: pdsh starts each line with its host)"
-    where = where if several_nodes else ""
+    nodes, `lost` names the ranks that never said they ended (job/ranks.py: killed, or their machine lost), by
+    node; else the log says which failed: pdsh starts each of its lines with the host it came from."""
+    where = ""
+    if lost:
+        where = f" on {lost} (started, never ended)"
+    elif several_nodes:
+        where = " on one of the nodes (the log's first error names it: pdsh starts each line with its host)"
     step = rundir.newest_checkpoint_step(out, node_local)
     then = (
         f"resumes after step {step} (the newest complete checkpoint)"

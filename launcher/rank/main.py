@@ -10,14 +10,16 @@ OUT/run.json after a training run, OUT/smoke.json after a smoke run.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from pathlib import Path
 
 from launcher.files import write_json_atomic
+from launcher.job import ranks
 from launcher.job.rundir import SUMMARY_FILE
 from launcher.job.smoke import RESULT_FILE
-from launcher.job.spec import RunSpec
+from launcher.job.spec import RunSpec, node_rank
 from launcher.rank.smoke_checks import run_checks
 from launcher.rank.trainer import Trainer
 
@@ -32,6 +34,19 @@ def main(argv: list[str] | None = None) -> int:
             "must be a folder every node sees at the same path (a shared file system)"
         )
     spec = RunSpec.load(args.run_spec)
+    rank = int(os.environ.get("RANK", "0"))
+    ranks.started(spec.out, rank, node_rank(), socket.gethostname())  # how a lost rank's node gets named
+    how = "returned 0"
+    try:
+        return _run(spec)
+    except BaseException as exc:
+        how = f"raised {type(exc).__name__}"
+        raise
+    finally:
+        ranks.ended(spec.out, rank, how)
+
+
+def _run(spec: RunSpec) -> int:
     trainer = Trainer(spec)
     try:
         if spec.smoke:
