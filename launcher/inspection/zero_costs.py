@@ -79,12 +79,23 @@ def measure(cpu_memory_bytes_per_s: float, log=lambda _line: None) -> dict | Non
     except subprocess.TimeoutExpired:
         log(f"ZeRO's per-tensor cost: not measured (over {TIMEOUT_SECONDS} s); the plan uses nominal figures")
         return None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
+    figures = _figures(proc.stdout) if proc.returncode == 0 else None
+    if figures is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         log(f"ZeRO's per-tensor cost: not measured ({last}); the plan uses nominal figures")
-        return None
-    return json.loads(lines[-1])
+    return figures
+
+
+def _figures(stdout: str) -> dict | None:
+    """The subprocess's JSON line (DeepSpeed may print lines of its own around it); None when there is none."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            figures = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(figures, dict) and "device" in figures:
+            return figures
+    return None
 
 
 def per_tensor_costs(deltas: dict, tensors: int, param_seconds: dict) -> dict:

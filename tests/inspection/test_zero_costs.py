@@ -23,6 +23,12 @@ def test_each_family_is_its_excess_over_the_bare_model_per_tensor_less_the_per_p
     assert "zero3_hook" not in swamped  # ZeRO-3 cannot be free: the noise swamped it, the nominal figure stays
 
 
+def test_the_figures_are_found_among_other_printed_lines():
+    line = '{"zero3_hook": 0.002, "device": "cpu", "tensors": 57}'
+    assert zero_costs._figures(f"DeepSpeed op built successfully\n{line}\n[INFO] done\n")["zero3_hook"] == 0.002
+    assert zero_costs._figures("no json here\n[1, 2]\n") is None
+
+
 def test_the_families_take_turns_within_each_round():
     calls = []
 
