@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,11 +62,16 @@ def measure(cpu_memory_bytes_per_s: float, log=lambda _line: None) -> dict | Non
     """{family: seconds per parameter tensor per micro-batch (timing.ZERO_TENSOR_SECONDS' names)} plus
     "device" and "tensors", measured in a subprocess; None (and a line to `log`) when it could not run.
     `cpu_memory_bytes_per_s`: the host's measured bandwidth, at which the per-parameter part is charged."""
-    env = dict(os.environ)
-    with socket.socket() as s:  # a free port for the one-rank process group
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    from launcher.job.launch import free_port
+
+    rank = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    env = {**os.environ, **rank}  # a one-rank process group on a port nobody listens on
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "launcher.inspection.zero_costs", str(cpu_memory_bytes_per_s)],

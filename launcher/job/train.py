@@ -60,9 +60,10 @@ def newest_checkpoint_step(settings: Settings) -> int:
     """The newest complete checkpoint of this run folder, as far as this machine can see: in OUT/checkpoints, or
     with --node-local-checkpoints also there (a run that changed where its checkpoints go is told so by the resume
     check, instead of starting over beside them)."""
-    shared = rundir.newest_checkpoint_step(output_dir(settings))
-    root = node_local_root(settings)
-    return max(shared, rundir.newest_checkpoint_step(output_dir(settings), root)) if root else shared
+    out = output_dir(settings)
+    root = rundir.node_local_root(settings.node_local_checkpoints, out)
+    shared = rundir.newest_checkpoint_step(out)
+    return max(shared, rundir.newest_checkpoint_step(out, root)) if root else shared
 
 
 def prepare_run(
