@@ -114,7 +114,10 @@ STRATEGIES = (("2", "none", "none"), ("2", "cpu", "none"), ("3", "cpu", "cpu"), 
 # Llama shapes of about 1 M, 20 M and 100 M parameters (the demo's vocabulary and tokenizer): name ->
 # (hidden, intermediate, layers, heads). The first is the bundled demo model itself.
 SIZES = {"1M": (128, 352, 4, 4), "20M": (512, 1376, 6, 8), "100M": (768, 2048, 14, 12)}
-BENCH_STEPS = 10
+# Steps per run, by size: each row trains for 10-60 s on two cores, so that its median step spans more than one of the
+# host's speed swings (a tiny model's pass 14-27 ms within a minute on the idle CI machine); quick: 4.
+BENCH_STEPS = {"1M": 60, "20M": 20, "100M": 10}
+QUICK_STEPS = 4
 
 
 def bench_model(name: str, workdir: Path) -> Path:
@@ -166,7 +169,7 @@ def train_row(env: dict, model: Path, size: str, strategy: tuple[str, str, str],
     }
 
 
-def bench_predictions(env: dict, steps: int, workdir: Path, sizes: tuple[str, ...], nvme_dir: Path) -> list[dict]:
+def bench_predictions(env: dict, steps: dict, workdir: Path, sizes: tuple[str, ...], nvme_dir: Path) -> list[dict]:
     """Each size under each strategy, trained for real on this host: predicted next to measured (the NVMe rows
     swap to `nvme_dir`, the folder the probe measured)."""
     from launcher.inspection.host import aio_usable
@@ -182,7 +185,7 @@ def bench_predictions(env: dict, steps: int, workdir: Path, sizes: tuple[str, ..
                 extra = ["--nvme-path", str(nvme_dir)]
             out = workdir / f"{size}-z{stage}-{optimizer}-{param}"
             print(f"  {size} ZeRO-{stage} opt={optimizer} param={param} ...", file=sys.stderr)
-            rows.append(train_row(env, model, size, (stage, optimizer, param), steps, out, *extra))
+            rows.append(train_row(env, model, size, (stage, optimizer, param), steps[size], out, *extra))
     return rows
 
 
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "binding":  # the runs measure what this host's cache lacks themselves
         print("core binding: bound and not bound ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as workdir:
-            binding = bench_binding(env, 4 if args.quick else BENCH_STEPS, Path(workdir))
+            binding = bench_binding(env, QUICK_STEPS if args.quick else BENCH_STEPS[BINDING_SIZE], Path(workdir))
         report = {"date": started, "machine": machine_line(), "binding": binding}
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(render(report))
@@ -270,10 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     print("predicted vs measured training steps ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as workdir:
         sizes = ("1M",) if args.quick else tuple(SIZES)
-        steps = 4 if args.quick else BENCH_STEPS
+        steps = dict.fromkeys(sizes, QUICK_STEPS) if args.quick else BENCH_STEPS
         predictions = bench_predictions(env, steps, Path(workdir), sizes, nvme_dir)
         print("core binding: bound and not bound ...", file=sys.stderr)
-        binding = bench_binding(env, steps, Path(workdir), "1M" if args.quick else BINDING_SIZE)
+        size = "1M" if args.quick else BINDING_SIZE
+        binding = bench_binding(env, steps[size], Path(workdir), size)
     shutil.rmtree(nvme_dir, ignore_errors=True)
     shutil.rmtree(bench_cache, ignore_errors=True)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ from launcher.inspection.model import CAUSAL_LM, OTHER, auto_class
 BUDGET_SECONDS = 15.0  # the whole measurement: a warm-up and REPEATS timed passes of each cut
 # blocks in the two cuts (the second no more than the model has): apart, so that a block stands out of the noise
 CUT_LAYERS = (1, 3)
-REPEATS = 5  # rounds; each cut's best counts
+REPEATS = 7  # rounds; each cut's median counts
+ESTIMATOR = "median"  # in the cache key: figures cached when the best round counted are measured again
 
 
 def cache_key(
@@ -39,7 +41,8 @@ def cache_key(
     import torch
 
     identity = json.dumps(
-        [config, host_id, device, threads, list(tokens), recompute, torch.__version__, CUT_LAYERS], sort_keys=True
+        [config, host_id, device, threads, list(tokens), recompute, torch.__version__, CUT_LAYERS, ESTIMATOR],
+        sort_keys=True,
     )
     return hashlib.sha256(identity.encode()).hexdigest()[:20]
 
@@ -97,13 +100,15 @@ def build_cut(
 
 
 def time_cuts(cuts: list[Callable[[], float]], repeats: int = REPEATS) -> list[float]:
-    """Each cut's best time over `repeats` rounds, the cuts taking turns within a round: a drift of the machine's
-    speed (frequency, another process) then hits both alike instead of one."""
-    best = [float("inf")] * len(cuts)
+    """Each cut's median time over `repeats` rounds, the cuts taking turns within a round: a drift of the machine's
+    speed (frequency, another process) then hits both alike instead of one. The median, not the best: the trainer
+    reports a step's median (rank/progress.py), and on a shared host whose speed swings (this project's CI machine:
+    a tiny model's pass 14-27 ms within a minute, idle) the best round predicts the fastest moment, not a step."""
+    seconds: list[list[float]] = [[] for _ in cuts]
     for _ in range(repeats):
-        for i, cut in enumerate(cuts):
-            best[i] = min(best[i], cut())
-    return best
+        for times, cut in zip(seconds, cuts, strict=True):
+            times.append(cut())
+    return [statistics.median(times) for times in seconds]
 
 
 def measure_passes(

@@ -210,6 +210,30 @@ def test_nvme_swaps_are_pipelined_where_ram_holds_the_buffers(llama7b, write_hos
     assert not small.chosen.buckets.pipeline and small.chosen.buckets.optimizer_buffer_count == 4
 
 
+def test_the_first_steps_adam_moments_count_in_ram_whole_when_pipelined_one_sub_group_when_serial(llama7b, write_host):
+    """memory.py [DS-lazy]: DeepSpeedCPUAdam creates m and v unpinned at the first step; the pipelined swapper keeps
+    every sub-group's pair until the next step's swap-in, the serial one frees each at its swap-out."""
+    from launcher.plan.memory import optimizer_subgroup_numel
+
+    def plan_with_ram(gib: int):
+        text = f"gpus: {{count: 1, memory: 24GiB}}\ncpu_memory: {gib}GiB\nnvme: {{path: /nvme, free: 2TiB}}\n"
+        return make_plan(llama7b, load_host_spec(write_host(text)), Workload()).chosen
+
+    term = "first step's new Adam moments (unpinned)"
+    piped = plan_with_ram(128)
+    assert piped.buckets.pipeline and piped.memory.cpu_terms[term] == 2 * 4 * llama7b.params  # 50.2 GiB
+    serial = plan_with_ram(32)
+    buckets = serial.buckets
+    assert serial.strategy.offload_optimizer == "nvme" and not buckets.pipeline
+    subgroup = optimizer_subgroup_numel(llama7b.params, 1, buckets.sub_group_size, llama7b.largest_param_numel)
+    assert serial.memory.cpu_terms[term] == 2 * 4 * subgroup < 2 * 4 * llama7b.params
+    # 72 GiB: a tenth holds the pipelined swap buffers, and without this term the plan pipelined the swaps (24.8 GiB
+    # predicted, 75 GiB at the first step's end); with it, the serial swapper is the one that fits
+    tight = plan_with_ram(72)
+    assert tight.strategy.offload_optimizer == "nvme" and not tight.buckets.pipeline
+    assert tight.memory.cpu_bytes < 72 * 2**30 < piped.memory.cpu_bytes
+
+
 # ------------------------------------------------------------------------------------------ activation offload
 
 PUBLISHED = Path(__file__).parent / "published_models"
