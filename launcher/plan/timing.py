@@ -125,9 +125,10 @@ from launcher.plan.memory import (
     offloaded_activation_numels,
 )
 
-# Changed whenever a change to this file changes what it predicts: finished runs calibrate later plans only through
-# the version that predicted them (plan/calibration.py).
-MODEL_VERSION = "2026-12-02"
+# Changed whenever a change to this file, or to how its measured inputs are taken, changes what it predicts: finished
+# runs calibrate later plans only through the version that predicted them (plan/calibration.py). ".2": the passes at
+# the model's shapes are a median of rounds, no longer the best (inspection/passes.py).
+MODEL_VERSION = "2026-12-02.2"
 # [pageable] pageable / pinned host<->device bandwidth when no pageable rate was measured (an assumption).
 PAGEABLE_TO_PINNED = 0.5
 MFU = 0.5  # achievable fraction of a GPU's peak dense TFLOP/s in training (PaLM reports 46 %, Chowdhery 2022)
