@@ -115,7 +115,7 @@ STRATEGIES = (("2", "none", "none"), ("2", "cpu", "none"), ("3", "cpu", "cpu"), 
 # (hidden, intermediate, layers, heads). The first is the bundled demo model itself.
 SIZES = {"1M": (128, 352, 4, 4), "20M": (512, 1376, 6, 8), "100M": (768, 2048, 14, 12)}
 # Steps per run, by size: each row trains for 10-60 s on two cores, so that its median step spans more than one of the
-# host's speed swings (a tiny model's pass 14-27 ms within a minute on the idle CI machine); quick: 4.
+# host's speed swings (the development machine, idle: a tiny model's pass 14-27 ms within a minute); quick: 4.
 BENCH_STEPS = {"1M": 60, "20M": 20, "100M": 10}
 QUICK_STEPS = 4
 

@@ -102,8 +102,8 @@ def build_cut(
 def time_cuts(cuts: list[Callable[[], float]], repeats: int = REPEATS) -> list[float]:
     """Each cut's median time over `repeats` rounds, the cuts taking turns within a round: a drift of the machine's
     speed (frequency, another process) then hits both alike instead of one. The median, not the best: the trainer
-    reports a step's median (rank/progress.py), and on a shared host whose speed swings (this project's CI machine:
-    a tiny model's pass 14-27 ms within a minute, idle) the best round predicts the fastest moment, not a step."""
+    reports a step's median (rank/progress.py), and on a shared host whose speed swings (the development machine,
+    idle: a tiny model's pass 14-27 ms within a minute) the best round predicts the fastest moment, not a step."""
     seconds: list[list[float]] = [[] for _ in cuts]
     for _ in range(repeats):
         for times, cut in zip(seconds, cuts, strict=True):

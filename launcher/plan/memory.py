@@ -51,8 +51,9 @@ Sources:
             (pipelined_optimizer_swapper.py `swap_out_optimizer_state` releases nothing); each sub-group's pair is
             dropped only when the next step's swap-in points its state at a swap buffer (`set_swap_buffers`), so at
             the first step's end every sub-group's m and v are in RAM: 2 x the state size x the rank's partition.
-            Measured (the 100 M-parameter NVMe rows of `make bench`): peak RSS 0.72 GiB above the steady RSS with
-            the serial swapper and one 100 M sub-group (8 B x 100 M = 0.75 GiB).
+            Measured on `make bench`'s 100 M-parameter model, one rank on the CPU accelerator: with the serial
+            swapper and one 100 M sub-group the peak RSS is 0.72 GiB above the steady one (8 B x 100 M = 0.75 GiB);
+            pipelined, the peak was 1.45x the prediction without this term, 1.02x with it (docs/planning.md).
   [DS-pin]  DeepSpeed 0.19.8 with CPU offload pins whole flat buffers through `get_accelerator().pin_memory`
             (CUDA: `tensor.pin_memory()`, i.e. torch's caching host allocator; DS_PIN_MEMORY_BACKEND=native
             would use mlock instead, not the default):
