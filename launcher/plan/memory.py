@@ -53,7 +53,7 @@ Sources:
             the first step's end every sub-group's m and v are in RAM: 2 x the state size x the rank's partition.
             Measured on `make bench`'s 100 M-parameter model, one rank on the CPU accelerator: with the serial
             swapper and one 100 M sub-group the peak RSS is 0.72 GiB above the steady one (8 B x 100 M = 0.75 GiB);
-            pipelined, the peak was 1.45x the prediction without this term, 1.02x with it (docs/planning.md).
+            pipelined (the bench row before this term), 3.52 GiB: 1.45x the prediction without it, 1.11x with it.
   [DS-pin]  DeepSpeed 0.19.8 with CPU offload pins whole flat buffers through `get_accelerator().pin_memory`
             (CUDA: `tensor.pin_memory()`, i.e. torch's caching host allocator; DS_PIN_MEMORY_BACKEND=native
             would use mlock instead, not the default):
