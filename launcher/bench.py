@@ -309,10 +309,12 @@ def render(report: dict) -> str:
     lines = [f"offload-launch bench, {report['date']}, {report['machine']}"]
     if "plan_latency" in report:
         lines += render_measurements(report)
+    if report.get("predictions"):
+        lines += render_predictions(report["predictions"])
     binding = report.get("binding", {"rows": []})
-    rows = report.get("predictions", []) + binding["rows"]
-    if rows:
-        lines += render_predictions(rows)
+    if binding["rows"]:  # another measurement (several ranks, bound and not): a table of its own
+        lines += ["", "core binding, the same run not bound and bound:"]
+        lines += render_predictions(binding["rows"])
     if binding.get("skipped"):
         lines += ["", f"core binding not measured: {binding['skipped']}"]
     elif binding.get("bound_over_unbound"):

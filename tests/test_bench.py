@@ -33,6 +33,7 @@ def test_render_has_a_row_per_measurement():
     assert "DeepSpeedCPUAdam, 32 M params" in table
     assert "pcie_pinned_h2d_bytes_per_s | 25.0 GB/s" in table
     assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none | 0.900 / 1.000 | 0.90 | - | - | 1.00 | 0.50 |" in table
+    assert "core binding" not in table  # no pair measured, no table for it
 
 
 def binding_row(bound: bool, step: float, update: float) -> dict:
@@ -52,6 +53,7 @@ def test_the_core_binding_pair_is_two_rows_and_their_ratio():
     binding = bench.binding_summary([binding_row(False, 1.0, 0.4), binding_row(True, 0.8, 0.2)])
     assert binding["bound_over_unbound"] == {"step_seconds": 0.8, "passes_seconds": 1.0, "update_seconds": 0.5}
     table = bench.render({"date": "2026-11-29 12:00 UTC", "machine": "test", "binding": binding})  # --only binding
+    assert table.count("| model | strategy |") == 1 and "core binding, the same run not bound and bound:" in table
     assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none, 2 ranks, not bound | 1.000 / 1.000 |" in table
     assert "| 20M (19.8 M) | ZeRO-2 opt=cpu param=none, 2 ranks, bound | 0.800 / 1.000 |" in table
     assert (
