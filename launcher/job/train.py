@@ -51,11 +51,6 @@ def output_dir(settings: Settings) -> Path:
     return rundir.output_dir_of(settings)
 
 
-def node_local_root(settings: Settings) -> str | None:
-    """The run's folder of node-local checkpoints (--node-local-checkpoints), absolute; None: OUT/checkpoints."""
-    return rundir.node_local_root(settings.node_local_checkpoints, output_dir(settings))
-
-
 def newest_checkpoint_step(settings: Settings) -> int:
     """The newest complete checkpoint of this run folder, as far as this machine can see: in OUT/checkpoints, or
     with --node-local-checkpoints also there (a run that changed where its checkpoints go is told so by the resume
