@@ -245,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CACHE_HOME=bench_cache, TORCH_EXTENSIONS_DIR=extensions)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    steps = dict.fromkeys(SIZES, QUICK_STEPS) if args.quick else BENCH_STEPS
     if args.only == "binding":  # the runs measure what this host's cache lacks themselves
         print("core binding: bound and not bound ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as workdir:
-            binding = bench_binding(env, QUICK_STEPS if args.quick else BENCH_STEPS[BINDING_SIZE], Path(workdir))
+            binding = bench_binding(env, steps[BINDING_SIZE], Path(workdir))
         report = {"date": started, "machine": machine_line(), "binding": binding}
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(render(report))
@@ -273,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     print("predicted vs measured training steps ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as workdir:
         sizes = ("1M",) if args.quick else tuple(SIZES)
-        steps = dict.fromkeys(sizes, QUICK_STEPS) if args.quick else BENCH_STEPS
         predictions = bench_predictions(env, steps, Path(workdir), sizes, nvme_dir)
         print("core binding: bound and not bound ...", file=sys.stderr)
         size = "1M" if args.quick else BINDING_SIZE
