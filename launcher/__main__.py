@@ -1,3 +1,5 @@
+"""`python -m launcher`: the offload-launch command line."""
+
 from launcher.cli import main
 
 main()
