@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.plan.timing import ADAM_BYTES_PER_PARAM
+from launcher.plan.rates import ADAM_BYTES_PER_PARAM
 from launcher.resources import resource_path
 
 DEMO = resource_path("demo")
@@ -78,7 +78,7 @@ def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
     import torch
 
     from launcher.deepspeed_logging import import_deepspeed
-    from launcher.inspection.rates import _best_seconds
+    from launcher.measure.probe import best_seconds
 
     import_deepspeed()
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -97,7 +97,7 @@ def bench_cpu_adam(numel: int, bandwidth: float) -> dict:
     for name, build in optimizers.items():
         optimizer = build(make())
         optimizer.step()
-        seconds = _best_seconds(optimizer.step, 5)
+        seconds = best_seconds(optimizer.step, 5)
         results[name] = {
             "seconds": seconds,
             "params_per_s": numel / seconds,
@@ -244,55 +244,47 @@ def main(argv: list[str] | None = None) -> int:
     bench_cache = tempfile.mkdtemp(prefix="offload-launch-bench-cache-")
     extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CACHE_HOME=bench_cache, TORCH_EXTENSIONS_DIR=extensions)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_line()}
     steps = dict.fromkeys(SIZES, QUICK_STEPS) if args.quick else BENCH_STEPS
     if args.only == "binding":  # the runs measure what this host's cache lacks themselves
         print("core binding: bound and not bound ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as workdir:
-            binding = bench_binding(env, steps[BINDING_SIZE], Path(workdir))
-        report = {"date": started, "machine": machine_line(), "binding": binding}
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(render(report))
-        return 0
+            report["binding"] = bench_binding(env, steps[BINDING_SIZE], Path(workdir))
+    else:
+        report |= bench_everything(env, steps, args.quick)
+    shutil.rmtree(bench_cache, ignore_errors=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    return 0
 
-    print("probing this host (offload-launch probe) ...", file=sys.stderr)
+
+def bench_everything(env: dict, steps: dict, quick: bool) -> dict:
+    """The whole bench in one run: the probe, the plan's latency, CPU-Adam, the predicted-vs-measured training rows
+    and the core-binding pair."""
     from launcher.inspection.host import aio_usable
 
+    print("probing this host (offload-launch probe) ...", file=sys.stderr)
     nvme_dir = Path(tempfile.mkdtemp(prefix="offload-launch-bench-nvme-"))  # the NVMe rows swap here too
-    probe_argv = [sys.executable, "-m", "launcher", "probe", "--json", *(["--quick"] if args.quick else [])]
+    probe_argv = [sys.executable, "-m", "launcher", "probe", "--json", *(["--quick"] if quick else [])]
     if aio_usable():
         probe_argv += ["--nvme-path", str(nvme_dir)]
     probe = subprocess.run(probe_argv, capture_output=True, text=True, env=env, timeout=900)
     if probe.returncode != 0:
         raise SystemExit(probe.stderr[-2000:])
     figures = json.loads(probe.stdout)["figures"]
-
     print("plan latency ...", file=sys.stderr)
     latency = bench_plan_latency(env)
     print("CPU-Adam vs torch AdamW ...", file=sys.stderr)
-    adam = bench_cpu_adam(2_000_000 if args.quick else 32_000_000, figures["cpu_memory_bandwidth_bytes_per_s"])
+    adam = bench_cpu_adam(2_000_000 if quick else 32_000_000, figures["cpu_memory_bandwidth_bytes_per_s"])
     print("predicted vs measured training steps ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as workdir:
-        sizes = ("1M",) if args.quick else tuple(SIZES)
+        sizes = ("1M",) if quick else tuple(SIZES)
         predictions = bench_predictions(env, steps, Path(workdir), sizes, nvme_dir)
         print("core binding: bound and not bound ...", file=sys.stderr)
-        size = "1M" if args.quick else BINDING_SIZE
+        size = "1M" if quick else BINDING_SIZE
         binding = bench_binding(env, steps[size], Path(workdir), size)
     shutil.rmtree(nvme_dir, ignore_errors=True)
-    shutil.rmtree(bench_cache, ignore_errors=True)
-
-    report = {
-        "date": started,
-        "machine": machine_line(),
-        "probe": figures,
-        "plan_latency": latency,
-        "cpu_adam": adam,
-        "predictions": predictions,
-        "binding": binding,
-    }
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(render(report))
-    return 0
+    return {"probe": figures, "plan_latency": latency, "cpu_adam": adam, "predictions": predictions, "binding": binding}
 
 
 def machine_line() -> str:

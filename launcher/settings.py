@@ -509,8 +509,8 @@ def _zenflow_needs_cpu_offload(values: Mapping[str, object]) -> str | None:
 
 
 def _activation_offload_needs_checkpointing(values: Mapping[str, object]) -> str | None:
-    """Offloaded activations are the checkpointed layer inputs (memory.py [act-offload]): without recomputation every
-    layer's activations would cross PCIe twice, which the plan does not propose."""
+    """Offloaded activations are the checkpointed layer inputs (host_buffers.py [act-offload]): without recomputation
+    every layer's activations would cross PCIe twice, which the plan does not propose."""
     if values.get("offload_activations") == "cpu" and values.get("activation_checkpointing") is False:
         return "--offload-activations cpu keeps the checkpointed activations: drop --no-activation-checkpointing"
     return None

@@ -24,10 +24,18 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import GpuSpec, HostProfile, NvmeSpec
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import ModelProfile, inspect_model
-from launcher.inspection.rates import AIO_SWEEP
-from launcher.plan.capacity import usable_cpu_bytes, usable_gpu_bytes, usable_nvme_bytes
-from launcher.plan.memory import CPU_USABLE_FRACTION, GPU_USABLE_FRACTION
-from launcher.plan.planner import CANDIDATE_ORDER, Plan, Workload, estimate_candidate, make_plan
+from launcher.measure.probe import AIO_SWEEP
+from launcher.plan.candidates import Inputs, estimate_candidate
+from launcher.plan.capacity import (
+    CPU_USABLE_FRACTION,
+    GPU_USABLE_FRACTION,
+    usable_cpu_bytes,
+    usable_gpu_bytes,
+    usable_nvme_bytes,
+)
+from launcher.plan.planner import CANDIDATE_ORDER, Plan, make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import HOSTS, save_config, tiny_llama_config
 
 pytestmark = pytest.mark.slow  # the property runs (hypothesis): `make test-fast` leaves them out, `make test` runs them
@@ -289,7 +297,7 @@ def test_the_chosen_plan_fits_every_tier_it_uses(scenario):
     (and NVMe bytes only when the strategy swaps to NVMe, on a host that has a drive). The choice is the
     fastest predicted fitting candidate, the framework's order breaking ties; no choice means none fits."""
     model, host, workload = scenario
-    plan = make_plan(model, host, workload)
+    plan = make_plan(model, host, workload, resolve_rates(host))
     # the framework's strategies in its order, at most one partial offload refining the full one, and the activation
     # offload variants of those that miss only the GPU (modes.py)
     partial = [c.strategy for c in plan.candidates if c.strategy.partial]
@@ -348,16 +356,8 @@ def candidate_in(plan: Plan, strategy):
         return listed[0]
     assert strategy.partial or strategy.offload_activations != "none", strategy
     world = plan.ranks_per_node * plan.host.nodes
-    return estimate_candidate(
-        plan.model,
-        plan.host,
-        plan.workload,
-        strategy,
-        plan.rates,
-        world,
-        plan.ranks_per_node,
-        alloc_conf=plan.alloc_conf,
-    )
+    inputs = Inputs(plan.model, plan.host, plan.workload, plan.rates, world, plan.ranks_per_node, plan.alloc_conf)
+    return estimate_candidate(inputs, strategy)
 
 
 def still_fits(plan: Plan, strategy) -> bool:
@@ -398,10 +398,13 @@ def test_more_gpu_memory_never_forces_more_offload(scenario, drawn):
     optimizer on the GPU, ZeRO-3 with only the parameters on CPU can beat the optimizer on CPU (the sweep found
     Llama-2-7B on 4 nodes of one 8 GiB A100 doing so), so the parameters move out as the optimizer comes back."""
     model, host, workload = scenario
-    base = make_plan(model, host, workload)
+    base = make_plan(model, host, workload, resolve_rates(host))
     sweep = drawn + thresholds(base, lambda c: c.memory.gpu_bytes_per_device, GPU_USABLE_FRACTION)
     values = sorted({v for v in sweep if 8 * GiB <= v <= 141 * GiB})
-    plans = [make_plan(model, replace(host, gpus=replace(host.gpus, memory_bytes=v)), workload) for v in values]
+    plans = [
+        make_plan(model, (h := replace(host, gpus=replace(host.gpus, memory_bytes=v))), workload, resolve_rates(h))
+        for v in values
+    ]
     check_more_never_hurts(plans, offload_order=False)
 
 
@@ -417,11 +420,17 @@ def test_more_cpu_ram_never_forces_a_slower_plan(scenario, drawn):
     sequences ZeRO-3's per-tensor hooks cost more than ZeRO-2 with CPU-Adam, so the optimizer moves to the CPU
     once its states fit there (the sweep found Llama-3.1-8B on 3 A100s so)."""
     model, host, workload = scenario
-    base = make_plan(model, host, workload)
+    base = make_plan(model, host, workload, resolve_rates(host))
     sweep = drawn + thresholds(base, lambda c: c.memory.cpu_bytes, CPU_USABLE_FRACTION)
     values = sorted({v for v in sweep if 8 * GiB <= v <= 2 * TiB})
     plans = [
-        make_plan(model, replace(host, cpu_memory_bytes=v, cpu_memory_available_bytes=v), workload) for v in values
+        make_plan(
+            model,
+            (h := replace(host, cpu_memory_bytes=v, cpu_memory_available_bytes=v)),
+            workload,
+            resolve_rates(h),
+        )
+        for v in values
     ]
     check_more_never_hurts(plans, offload_order=False, nvme_bytes=True)
 
@@ -443,9 +452,14 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
         nvme=NvmeSpec("/local_nvme/offload", 113_489_105_112),
     )
     model, workload = bundled_profile("meta-llama/Llama-2-7b-hf"), Workload(activation_checkpointing=False)
-    tight = make_plan(model, host, workload)
+    tight = make_plan(model, host, workload, resolve_rates(host))
     more = host.cpu_memory_bytes + 1
-    roomier = make_plan(model, replace(host, cpu_memory_bytes=more, cpu_memory_available_bytes=more), workload)
+    roomier = make_plan(
+        model,
+        (h := replace(host, cpu_memory_bytes=more, cpu_memory_available_bytes=more)),
+        workload,
+        resolve_rates(h),
+    )
     assert tight.chosen.strategy.label == "ZeRO-3 + opt->nvme"
     assert roomier.chosen.strategy.label == "ZeRO-3 + opt->cpu + param->nvme"
     # `more` is the sweep's own threshold for the candidate, from the model: not a constant tuned to pass
@@ -476,7 +490,7 @@ def test_more_gpus_with_the_same_ram_per_gpu_never_force_more_offload(scenario):
         grown = replace(
             host, gpus=replace(host.gpus, count=count), cpu_memory_bytes=ram, cpu_memory_available_bytes=ram
         )
-        plans.append(make_plan(model, grown, workload))
+        plans.append(make_plan(model, grown, workload, resolve_rates(grown)))
     check_more_never_hurts(plans)
 
 
@@ -488,7 +502,10 @@ def test_more_gpus_with_the_same_ram_only_ever_run_out_of_ram(scenario):
     so on CPU RAM alone: the extra ranks' process baselines (e.g. 4 x 2 GiB on an 8 GiB host)."""
     model, host, workload = scenario
     workload = replace(workload, num_gpus=None)
-    plans = [make_plan(model, replace(host, gpus=replace(host.gpus, count=n)), workload) for n in range(1, 9)]
+    plans = [
+        make_plan(model, (h := replace(host, gpus=replace(host.gpus, count=n))), workload, resolve_rates(h))
+        for n in range(1, 9)
+    ]
     for fewer, more in pairwise(plans):
         framework = [c.strategy for c in fewer.candidates if not c.strategy.partial]  # each plan has them all
         for strategy in framework:
@@ -506,7 +523,9 @@ def test_more_nodes_never_force_more_offload(scenario):
     """Nodes 1-4, each with the host's GPUs, RAM and drive (ZeRO partitions by the world size): a plan that
     fits stays fitting, the chosen step is never predicted slower, no state moves to a slower tier."""
     model, host, workload = scenario
-    check_more_never_hurts([make_plan(model, replace(host, nodes=n), workload) for n in range(1, 5)])
+    check_more_never_hurts(
+        [make_plan(model, (h := replace(host, nodes=n)), workload, resolve_rates(h)) for n in range(1, 5)]
+    )
 
 
 @deterministic(150)
@@ -516,8 +535,13 @@ def test_a_faster_network_never_slows_the_chosen_step(scenario, faster):
     and the chosen step is never predicted slower; on one node the network changes nothing."""
     model, host, workload = scenario
     slow, fast = (
-        make_plan(model, host, workload),
-        make_plan(model, replace(host, network_bytes_per_s=host.network_bytes_per_s * faster), workload),
+        make_plan(model, host, workload, resolve_rates(host)),
+        make_plan(
+            model,
+            (h := replace(host, network_bytes_per_s=host.network_bytes_per_s * faster)),
+            workload,
+            resolve_rates(h),
+        ),
     )
     assert [c.fits for c in slow.candidates] == [c.fits for c in fast.candidates]
     if slow.chosen is None:
@@ -535,7 +559,7 @@ def test_more_nodes_on_a_real_network_still_fit(scenario):
     """Nodes 1-4 on a finite network: what fits on fewer nodes fits on more (the collectives cost time, not
     memory), and the chosen step pays for its collectives only with several nodes or described GPU links."""
     model, host, workload = scenario
-    plans = [make_plan(model, replace(host, nodes=n), workload) for n in range(1, 5)]
+    plans = [make_plan(model, (h := replace(host, nodes=n)), workload, resolve_rates(h)) for n in range(1, 5)]
     for smaller, larger in pairwise(plans):
         if smaller.chosen is not None:
             assert still_fits(larger, smaller.chosen.strategy)
@@ -551,12 +575,23 @@ def test_the_sweeps_do_cross_strategy_boundaries():
     host = replace(host, nvme=NvmeSpec("/local_nvme/offload", 4 * TB))
     model = bundled_profile("Qwen/Qwen2.5-0.5B")
     by_gpu = [
-        make_plan(model, replace(host, gpus=replace(host.gpus, memory_bytes=g * GiB)), Workload()) for g in (8, 141)
+        make_plan(
+            model,
+            (h := replace(host, gpus=replace(host.gpus, memory_bytes=g * GiB))),
+            Workload(),
+            resolve_rates(h),
+        )
+        for g in (8, 141)
     ]
     assert offload(by_gpu[0]) == (1, 0) and offload(by_gpu[1]) == (0, 0)
     model = bundled_profile("meta-llama/Llama-2-7b-hf")
     by_ram = [
-        make_plan(model, replace(host, cpu_memory_bytes=r * GiB, cpu_memory_available_bytes=r * GiB), Workload())
+        make_plan(
+            model,
+            (h := replace(host, cpu_memory_bytes=r * GiB, cpu_memory_available_bytes=r * GiB)),
+            Workload(),
+            resolve_rates(h),
+        )
         for r in (32, 256)
     ]
     assert offload(by_ram[0]) == (2, 0) and offload(by_ram[1]) == (1, 0)
@@ -582,7 +617,7 @@ def renderable_plans(draw) -> list[tuple[Plan, str | None]]:
         block_size, queue_depth, threads = draw(st.sampled_from(AIO_SWEEP))
         aio = dict(block_size=block_size, queue_depth=queue_depth, intra_op_parallelism=threads)
         aio |= dict(single_submit=False, overlap_events=True, use_gds=False)
-    plan = make_plan(model, host, workload, aio=aio)
+    plan = make_plan(model, host, workload, resolve_rates(host), aio=aio)
     nvme_path = draw(st.none() | st.just("/local_nvme/offload/run-0001"))
     return [
         (replace(plan, chosen=candidate, pin_memory=draw(st.booleans())), nvme_path)

@@ -47,11 +47,11 @@ def recipe_argv(recipe: recipes.Recipe) -> list[str]:
 @pytest.fixture(autouse=True)
 def tested_torch(monkeypatch):
     """The ranks' torch as pyproject.toml names it tested (2.13.0), whatever this venv holds: a CUDA plan then
-    sets memory.PINNED_ALLOC_CONF and counts the pinned buffers unrounded. The recipes' `expect` is that plan;
+    sets host_buffers.PINNED_ALLOC_CONF and counts the pinned buffers unrounded. The recipes' `expect` is that plan;
     with an older torch (power-of-two rounding) llama2-70b-1x80g-nvme's params would go to NVMe too."""
-    from launcher.plan import build
+    from launcher.job import planning
 
-    monkeypatch.setattr(build, "installed_torch_version", lambda: "2.13.0")
+    monkeypatch.setattr(planning, "installed_torch_version", lambda: "2.13.0")
 
 
 @pytest.fixture

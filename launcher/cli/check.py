@@ -33,7 +33,7 @@ def check(ctx: click.Context, config_file: str, **values) -> None:
     fit this host's RAM or disk), warnings for what it silently ignores (keys it never reads, renamed aio keys,
     keys the configured stage does not use), notes for values it reads differently from how they are written
     (1e9 read as the integer 1000000000). Exit 0 when there is no error, 2 otherwise."""
-    from launcher.config.check import check_config
+    from launcher.job.check import check_config
 
     result = check_config(config_file, typed_values(ctx, values))
     if values["json"]:

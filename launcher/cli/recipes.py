@@ -20,7 +20,7 @@ def recipes() -> None:
     """List the bundled recipes, the strategy each plans, and who each is for."""
     from launcher import recipes as bundled
     from launcher import settings
-    from launcher.plan.build import build_plan
+    from launcher.job.planning import build_plan
 
     for recipe in bundled.available():
         plan = build_plan(settings.layer({}, recipe=recipe.options))

@@ -60,11 +60,11 @@ def resolve(typed: dict):
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
     """The plan on stdout: JSON, rich tables on a terminal, plain text when piped. Exit 3 when nothing fits."""
-    from launcher.plan.build import does_not_fit
+    from launcher.plan.fit import does_not_fit
     from launcher.views import plan_view
 
     if as_json:
-        echo_json(plan_view.plan_json(plan, ds_config))
+        echo_json(plan.to_json(ds_config))
     else:
         from rich.console import Console
 
@@ -87,7 +87,7 @@ def write_config(path: str | None, ds_config: dict | None) -> None:
 def plan_only(chosen, user) -> None:
     from launcher.config.final import final_config
     from launcher.files import tool_cache_dir
-    from launcher.plan.build import build_plan
+    from launcher.job.planning import build_plan
 
     plan = build_plan(chosen)
     ds_config = None
@@ -109,13 +109,10 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     import time
 
     from launcher.job import train as training
-    from launcher.plan.build import build_plan
 
     started = time.monotonic()
     chosen, kept = training.keep_checkpoint_strategy(chosen)
-    plan = build_plan(chosen)  # cached rates: every input the plan reads is checked before anything is measured
-    if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
-        plan = build_plan(chosen, measure=True, log=warn)
+    plan = measured_plan(chosen)
     prepared = training.prepare_run(plan, chosen, user=user, launcher_args=launcher_args, warn=warn)
     if kept and prepared.resume_from:
         warn(kept)
@@ -151,24 +148,46 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
     summary["command_seconds"] = time.monotonic() - started
     if chosen.json:
         echo_json(summary)
-        return
+    else:
+        click.echo(summary_text(summary))
+
+
+def measured_plan(chosen):
+    """The plan a run trains on: planned from what this host's cache holds; when a real run would train on figures
+    never measured here, they are measured first (job/measuring.py, cached) and the run planned again from them.
+    Every input the plan reads is checked by the first plan, before anything is measured."""
+    from launcher.job import measuring
+    from launcher.job import train as training
+    from launcher.job.planning import build_plan
+
+    plan = build_plan(chosen)
+    if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
+        measuring.fill_cache(plan, nvme_path=chosen.nvme_path, trust_remote_code=chosen.trust_remote_code, log=warn)
+        plan = build_plan(chosen)
+    return plan
+
+
+def summary_text(summary: dict) -> str:
+    """A finished run's summary as the lines a person reads."""
     speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "no new steps (already done)"
-    click.echo(
+    lines = [
         f"\ndone: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} over {summary['steps']} steps, "
         f"{speed}, optimizer {summary['optimizer']}; {summary['wall_seconds']:.0f} s in the training loop, "
         f"{summary['command_seconds']:.0f} s for the whole command"
-    )
+    ]
     if summary.get("tokens"):
         tokens = summary["tokens"]
-        click.echo(
+        lines.append(
             f"tokens: {tokens['trained']:,} trained, {tokens['masked']:,} read without loss (prompts, document starts)"
         )
     if summary.get("eval_loss") is not None:
         rows = summary.get("data", {}).get("eval_rows", 0)
-        click.echo(f"eval loss: {summary['eval_loss']:.4f} on {rows:,} held-out rows")
-    click.echo(f"model: {summary['final_dir']} ({summary.get('model_class', 'AutoModelForCausalLM')}.from_pretrained)")
-    for name, ratio in summary.get("ratios", {}).items():
-        click.echo(f"measured / predicted {name}: {ratio:.2f}")
+        lines.append(f"eval loss: {summary['eval_loss']:.4f} on {rows:,} held-out rows")
+    lines.append(
+        f"model: {summary['final_dir']} ({summary.get('model_class', 'AutoModelForCausalLM')}.from_pretrained)"
+    )
+    lines += [f"measured / predicted {name}: {ratio:.2f}" for name, ratio in summary.get("ratios", {}).items()]
+    return "\n".join(lines)
 
 
 def sbatch(chosen, user, typed: dict, launcher_args: tuple[str, ...]) -> None:
@@ -179,7 +198,7 @@ def sbatch(chosen, user, typed: dict, launcher_args: tuple[str, ...]) -> None:
 
     from launcher.job import sbatch as batch
     from launcher.job import train as training
-    from launcher.plan.build import build_plan
+    from launcher.job.planning import build_plan
 
     chosen, kept = training.keep_checkpoint_strategy(dataclasses.replace(chosen, dry_run=True))
     plan = build_plan(chosen)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.deepspeed_logging import import_deepspeed
 from launcher.errors import OffloadLaunchError
-from launcher.plan import memory
+from launcher.plan.host_buffers import ZENFLOW_TOPK_RATIO
 from launcher.plan.planner import Plan
 from launcher.resources import resource_path
 
@@ -82,13 +82,13 @@ SUPEROFFLOAD_CPUADAM_CORES_PERC = 0.8
 
 
 def zenflow_section(interval: int) -> dict:
-    """zero_optimization.zenflow (memory.py [ZenFlow]): DeepSpeed's topk_ratio; the important columns reselected
+    """zero_optimization.zenflow (host_buffers.py [ZenFlow]): DeepSpeed's topk_ratio; the important columns reselected
     by step count as often as the host updates (`select_strategy` "auto" would reselect per epoch of a
     training_dataloader, which this trainer does not hand DeepSpeed: never), which satisfies configure_zenflow's
     select_interval >= update_interval; the host's update overlapped with the next steps (overlap_step); no
     warm-up rounds of full updates."""
     return {
-        "topk_ratio": memory.ZENFLOW_TOPK_RATIO,
+        "topk_ratio": ZENFLOW_TOPK_RATIO,
         "select_strategy": "step",
         "select_interval": interval,
         "update_interval": interval,
@@ -119,9 +119,10 @@ def _zero_section(plan: Plan, nvme_path: str | None) -> dict:
                 "pipeline_read": buckets.pipeline,
                 "pipeline_write": buckets.pipeline,
             }
-        if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (memory.py [Twin-Flow])
+        if strategy.partial:  # DeepSpeed's default 1.0 offloads it all (subgroups.py [Twin-Flow])
             offload["ratio"] = strategy.offload_ratio
-        if strategy.super_offload:  # memory.py [SuperOffload]: its worker gets DeepSpeed's 0.8 of the rank's cores
+        # host_buffers.py [SuperOffload]: its worker gets DeepSpeed's 0.8 of the rank's cores
+        if strategy.super_offload:
             offload |= {"super_offload": True, "cpuadam_cores_perc": SUPEROFFLOAD_CPUADAM_CORES_PERC}
         zero["offload_optimizer"] = offload
     if strategy.zenflow_interval:
@@ -180,7 +181,7 @@ def render(plan: Plan, nvme_path: str | None = None) -> dict:
         },
     }
     computed["zero_optimization"] = _zero_section(plan, nvme_path)
-    if strategy.optimizer_states == "bf16":  # memory.py [DS-bf16s]: both flags, DeepSpeed asserts the pair
+    if strategy.optimizer_states == "bf16":  # strategy.py [DS-bf16s]: both flags, DeepSpeed asserts the pair
         computed["bf16"] = {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     if uses_nvme:
         # The settings `offload-launch probe` measured best on this host; else one aio thread per core the

@@ -1,5 +1,5 @@
-"""One lint finding: a level, the JSON path it is about, and a one-line message (lint.py and lint_modes.py make
-them; `check` and `--ds-config` print them)."""
+"""One lint finding: a level, the JSON path it is about, and a one-line message (lint.py, lint_modes.py and
+lint_partial.py make them; `check` and `--ds-config` print them)."""
 
 from __future__ import annotations
 

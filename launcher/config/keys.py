@@ -23,8 +23,10 @@ from launcher.config import dsconfig
 from launcher.deepspeed_logging import import_deepspeed
 from launcher.plan import memory
 from launcher.plan.capacity import aligned_partition_numel, model_shape, size_buckets
-from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
+from launcher.plan.host_buffers import pinned_round_limit
+from launcher.plan.memory import MemoryEstimate
 from launcher.plan.planner import Plan
+from launcher.plan.strategy import Buckets, Strategy
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 AUTO = "auto"  # Hugging Face Trainer placeholder (transformers integrations/deepspeed.py)
@@ -218,7 +220,7 @@ def strategy_of(config: dict) -> Strategy:
         optimizer = "cpu"
     ratio = _dict(zero.get("offload_optimizer")).get("ratio", 1.0)
     if optimizer != "cpu" or stage < 3 or not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
-        ratio = 1.0  # DeepSpeed's default; it splits only a ZeRO-3 CPU offload (memory.py [Twin-Flow])
+        ratio = 1.0  # DeepSpeed's default; it splits only a ZeRO-3 CPU offload (subgroups.py [Twin-Flow])
     bf16 = _dict(_get(config, "bf16"))
     states = "bf16" if optimizer == "cpu" and bf16.get("bf16_optimizer_states") is True else "fp32"
     zenflow = zero.get("zenflow")  # a section, even {}, turns ZenFlow on (DeepSpeedZeroConfig.zenflow is not None)
@@ -280,7 +282,7 @@ def config_buckets(config: dict, plan: Plan, strategy: Strategy, world: int, ran
         sub_group_size=_pick(zero, ("sub_group_size",), zero_model, planned.sub_group_size)
         # stage3.py `_create_fp16_sub_groups` closes a sub-group once it holds sub_group_size elements: 0 (axolotl's
         # ZeRO-3 configs) makes every tensor its own sub-group. Sized as groups of the largest tensor's partition,
-        # which memory.py's sub-group bound can count (it divides by the size, and enumerates partition / size)
+        # which subgroups.py's sub-group bound can count (it divides by the size, and enumerates partition / size)
         or aligned_partition_numel(plan.model.largest_param_numel, world),
         optimizer_buffer_count=_pick(optimizer, ("buffer_count",), optimizer_model, planned.optimizer_buffer_count),
         param_buffer_count=_pick(param, ("buffer_count",), param_model, planned.param_buffer_count),
@@ -337,7 +339,7 @@ def estimate_config(config: dict, plan: Plan, world_size: int) -> tuple[Strategy
         checkpointing=plan.workload.activation_checkpointing,
         has_gpu=plan.host.has_gpu,
         pin_memory=config_pin_memory(config, sized),
-        pinned_round_limit=memory.pinned_round_limit(plan.alloc_conf),
+        pinned_round_limit=pinned_round_limit(plan.alloc_conf),
         grad_accum=_int_or_auto(config.get("gradient_accumulation_steps"), plan.workload.grad_accum),
     )
     return strategy, estimate

@@ -6,7 +6,8 @@ not do what it says, a note a value it reads differently from how it is written 
 The rules: the keys (lint_keys.py: unknown, removed, renamed and deprecated keys with the nearest valid key, and
 zero_optimization keys the configured stage never reads); type errors from the shipped JSON Schema, after the values
 DeepSpeed's models convert are converted (reads.py); cross-field rules; the newer offload modes' constraints
-(lint_modes.py: partial offload, 16-bit master weights and optimizer states, SuperOffload, ZenFlow); batch
+(lint_partial.py: partial offload, 16-bit master weights and optimizer states; lint_modes.py: SuperOffload,
+ZenFlow); batch
 arithmetic; NVMe swap-buffer sizes; whether the offload the config describes fits the host (sized with the
 planner's own memory model), and whether a full optimizer offload leaves a partial one's predicted win unused;
 and last, DeepSpeed's own parse when nothing else is wrong.
@@ -39,7 +40,8 @@ from launcher.config.keys import (
     strategy_of,
 )
 from launcher.config.lint_keys import ignored_key_message, key_findings, stage_findings
-from launcher.config.lint_modes import _offload_mode_findings, _unused_gpu_findings
+from launcher.config.lint_modes import _offload_mode_findings
+from launcher.config.lint_partial import _unused_gpu_findings
 from launcher.config.reads import as_deepspeed_reads, is_model_field
 from launcher.errors import UserInputError, unknown_key_message
 from launcher.plan.capacity import (

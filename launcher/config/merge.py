@@ -134,7 +134,7 @@ def pins_from_config(config: dict) -> dict:
         if pins.get(option) == "nvme" and isinstance(path, str) and path:
             pins["nvme_path"] = path
     if stage == 3 and pins.get("offload_optimizer") == "cpu":
-        # the share it offloads: its ratio, else DeepSpeed's default, all of it (memory.py [Twin-Flow])
+        # the share it offloads: its ratio, else DeepSpeed's default, all of it (subgroups.py [Twin-Flow])
         ratio = _dict(zero.get("offload_optimizer")).get("ratio", 1.0)
         if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 1:
             pins["offload_ratio"] = float(ratio)
@@ -150,9 +150,9 @@ def pins_from_config(config: dict) -> dict:
         if _dict(config.get(section)).get("enabled") is True:
             pins["precision"] = precision
     if _dict(config.get(bf16)).get("bf16_optimizer_states") is True:
-        pins["optimizer_states"] = "bf16"  # memory.py [DS-bf16s]
+        pins["optimizer_states"] = "bf16"  # strategy.py [DS-bf16s]
     zenflow = zero.get("zenflow")
-    if isinstance(zenflow, dict):  # memory.py [ZenFlow] ({} turns it on); an "auto" interval does not pin one
+    if isinstance(zenflow, dict):  # host_buffers.py [ZenFlow] ({} turns it on); an "auto" interval does not pin one
         pins["zenflow"] = True
         interval = _int(zenflow.get("update_interval"))
         if interval and interval > 0:

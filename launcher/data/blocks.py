@@ -38,8 +38,9 @@ import numpy as np
 
 from launcher.data import formats
 from launcher.data.formats import INPUT_IDS, Example, Renderer
+from launcher.data.readers import _BATCH_RECORDS
 from launcher.data.rows import IGNORE, PACKINGS, Tokenization, TokenSet, read_cache, write_cache
-from launcher.data.sources import _BATCH_RECORDS, DataSource, _records, inspect_data
+from launcher.data.sources import DataSource, _records, inspect_data
 from launcher.errors import UserInputError
 
 _CACHE_VERSION = 2  # bump when the layout changes, so old caches are not reused

@@ -178,7 +178,6 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
     from launcher.units import fmt_bytes
 
     notes: list[str] = []
-    warnings: list[str] = []
     selection = parse_visible_devices(visible)
     if selection == []:
         notes.append(f"{VISIBLE_DEVICES_ENV}={visible!r} leaves no GPU visible")
@@ -189,6 +188,27 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
         if selection is not None and everything:
             notes.append(f"{VISIBLE_DEVICES_ENV}={visible} names no GPU this machine has")
         return GpuInspection(NO_GPU, notes=tuple(notes))
+    devices = _one_mig_instance(devices, notes)
+    notes += _selection_notes(visible, selection, devices, everything)
+    free = min(d.free_bytes for d in devices)
+    total = min(d.total_bytes for d in devices)
+    if free < total:
+        notes.append(f"GPU memory: planning with the {fmt_bytes(free)} free of {fmt_bytes(total)} per device")
+    warnings = _in_use_warnings(nvml, devices)
+    capability, generation, width = _capability_and_link(nvml, devices)
+    smallest = min(devices, key=lambda d: d.free_bytes)
+    spec = GpuSpec(
+        count=len(devices),
+        memory_bytes=free,
+        name=smallest.name,
+        compute_capability=capability,
+        total_memory_bytes=total,
+    )
+    return GpuInspection(spec, generation, width, tuple(notes), tuple(warnings), tuple(devices))
+
+
+def _one_mig_instance(devices: list[CudaDevice], notes: list[str]) -> list[CudaDevice]:
+    """The devices to plan for: with MIG instances among them, the first alone (its note added to `notes`)."""
     if any(d.mig for d in devices):
         # CUDA gives one process one MIG instance (the first it is shown), and NCCL cannot join instances.
         if len(devices) > 1:
@@ -197,6 +217,15 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
                 f"one rank on {devices[0].uuid} ({devices[0].name})"
             )
         devices = devices[:1]
+    return devices
+
+
+def _selection_notes(
+    visible: str | None, selection: list[str] | None, devices: list[CudaDevice], everything: list[CudaDevice]
+) -> list[str]:
+    """What the selection plans for: the devices CUDA_VISIBLE_DEVICES names, GPUs that differ, and indices CUDA
+    may number differently from NVML."""
+    notes = []
     if selection is not None:
         shown = ", ".join(d.uuid if d.mig else str(d.index) for d in devices)
         notes.append(f"{VISIBLE_DEVICES_ENV}={visible}: planning for {len(devices)} device(s): {shown}")
@@ -209,10 +238,14 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
             "this machine's GPUs differ: CUDA numbers them fastest first, NVML and nvidia-smi by PCI bus; "
             "set CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA_VISIBLE_DEVICES indices name the GPUs planned for"
         )
-    free = min(d.free_bytes for d in devices)
-    total = min(d.total_bytes for d in devices)
-    if free < total:
-        notes.append(f"GPU memory: planning with the {fmt_bytes(free)} free of {fmt_bytes(total)} per device")
+    return notes
+
+
+def _in_use_warnings(nvml, devices: list[CudaDevice]) -> list[str]:
+    """One warning per device other processes hold memory on."""
+    from launcher.units import fmt_bytes
+
+    warnings = []
     for device in devices:
         held = _held_by_others(nvml, device)
         if held:
@@ -221,6 +254,12 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
                 f"{what} ({device.name}) is in use: {held}; the plan uses the {fmt_bytes(device.free_bytes)} "
                 f"free of {fmt_bytes(device.total_bytes)}, and that can shrink while the job runs"
             )
+    return warnings
+
+
+def _capability_and_link(nvml, devices: list[CudaDevice]) -> tuple[tuple[int, int], int | None, int | None]:
+    """The least compute capability and PCIe link (generation, width; None where NVML cannot tell) of the
+    physical GPUs behind `devices`."""
     parents = list({id(d.parent): d.parent for d in devices}.values())
     capability = min(tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) for h in parents)
     try:
@@ -228,15 +267,7 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
         width = min(nvml.nvmlDeviceGetMaxPcieLinkWidth(h) for h in parents)
     except nvml.NVMLError:
         generation = width = None
-    smallest = min(devices, key=lambda d: d.free_bytes)
-    spec = GpuSpec(
-        count=len(devices),
-        memory_bytes=free,
-        name=smallest.name,
-        compute_capability=capability,
-        total_memory_bytes=total,
-    )
-    return GpuInspection(spec, generation, width, tuple(notes), tuple(warnings), tuple(devices))
+    return capability, generation, width
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """GPU datasheets: peak dense bf16 TFLOP/s and device memory bandwidth per exact SKU, as NVML names it. The
-step-time model falls back to them when no probe measured the GPU (inspection/rates.py resolve_rates)."""
+step-time model falls back to them when no probe measured the GPU (plan/rates.py resolve_rates)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,11 @@ A described host (`--host-spec`) gives the same HostProfile without touching thi
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import os
+import platform
 import re
 import resource
 import shutil
@@ -24,8 +27,8 @@ from launcher.inspection.hostprofile import HostProfile, NvmeSpec
 __all__ = [
     "aio_usable",
     "check_nvme_folder",
-    "check_nvme_room",
     "disk_free_bytes",
+    "host_id",
     "op_usable",
     "inspect_host",
     "inspect_nvme",
@@ -100,24 +103,6 @@ def check_nvme_folder(path: str, what: str = "--nvme-path") -> Path:
 
 def disk_free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
-
-
-def check_nvme_room(
-    path: str, needed_bytes: int, strategy: str, what: str = "--nvme-path", reusable_bytes: int = 0
-) -> None:
-    """Before launch: the real folder behind a plan made for a described host must hold the plan's swap
-    files (the plan only saw the description's `nvme.free`). Same headroom as the planner's.
-    `reusable_bytes`: the run's own swap files a killed run left, which its resume overwrites."""
-    from launcher.plan.memory import NVME_USABLE_FRACTION
-    from launcher.units import fmt_bytes
-
-    free = disk_free_bytes(check_nvme_folder(path, what)) + reusable_bytes
-    if needed_bytes > free * NVME_USABLE_FRACTION:
-        raise UserInputError(
-            f"{what} {path} has {fmt_bytes(free)} free, but {strategy} needs {fmt_bytes(needed_bytes)} of swap "
-            f"files there; free space on that drive, or pass a folder with at least "
-            f"{fmt_bytes(needed_bytes / NVME_USABLE_FRACTION)} free"
-        )
 
 
 @dataclass(frozen=True)
@@ -226,3 +211,24 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
         notes=tuple(notes),
         warnings=found.warnings,
     )
+
+
+def host_id() -> str:
+    """Hostname, CPU model, core count, RAM and GPU names: a new machine (or a changed one) measures again, and
+    finished runs calibrate only plans of the machine they ran on."""
+    import psutil
+
+    gpus = ""
+    with contextlib.suppress(Exception):  # no NVIDIA driver: no GPUs in the identity
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpus = ",".join(
+            str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        )
+        pynvml.nvmlShutdown()
+    identity = "|".join(
+        [platform.node(), platform.processor(), str(os.cpu_count()), str(psutil.virtual_memory().total), gpus]
+    )
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]

@@ -44,7 +44,7 @@ class LaunchSpec:
     # default, GPUs 0..ranks_per_node-1. Used for single-node CUDA runs only.
     devices: tuple[int, ...] | None = None
     pci_bus_order: bool = False  # `devices` are NVML (PCI bus) indices: the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID
-    # PYTORCH_ALLOC_CONF for the ranks (the plan's alloc_conf, memory.pinned_alloc_conf): None sets nothing
+    # PYTORCH_ALLOC_CONF for the ranks (the plan's alloc_conf, host_buffers.pinned_alloc_conf): None sets nothing
     alloc_conf: str | None = None
     # With a hostfile, OUT/deepspeed_env: the file DeepSpeed's runner reads (DS_ENV_FILE) to give every node's ranks
     # the variables below (job/nodes.py); pdsh forwards only a few prefixes of the launching node's environment
@@ -68,7 +68,17 @@ def free_port() -> int:
 
 def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     """(argv, environment additions) for `python -m deepspeed.launcher.runner ... --module launcher.rank`."""
+    include = spec.devices is not None and spec.accelerator == "cuda" and not spec.hostfile
+    slurm = bool(spec.hostfile) and spec.launcher == "slurm"
     argv = [spec.python, "-m", "deepspeed.launcher.runner"]
+    argv += _device_args(spec, include, slurm)
+    argv += _runner_args(spec, slurm)
+    return argv, _rank_env(spec, include, slurm)
+
+
+def _device_args(spec: LaunchSpec, include: bool, slurm: bool) -> list[str]:
+    """The runner's arguments that pick the nodes and devices: the hostfile, `--include` (`include`: the spec's
+    own devices on one CUDA node) or the ranks per node."""
     # How DeepSpeed 0.19.8's runner (deepspeed/launcher/runner.py, main()) picks the devices:
     #     # respect VISIBLE_DEVICES for a single node and no explicit resource filters
     #     visible_devices = os.environ.get(visible_devices_env, "")
@@ -91,22 +101,24 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     # through extra_args); this machine's CUDA_VISIBLE_DEVICES is not exported to the hosts (only
     # EXPORT_ENVS and the accelerator's export_envs() are) and launch.py overrides it on each of them.
     # --force_multi only forces that multi-node path (pdsh/ssh) for one host; it selects no devices.
-    include = spec.devices is not None and spec.accelerator == "cuda" and not spec.hostfile
-    slurm = bool(spec.hostfile) and spec.launcher == "slurm"
-    if spec.hostfile:
-        argv += ["--hostfile", spec.hostfile, "--launcher", spec.launcher]
-        # SlurmRunner.get_cmd: `if self.args.num_gpus > 0: srun_cmd.append('--gpus-per-node')`, which a node
-        # without GPUs refuses; on the CPU accelerator the hostfile's slots are the ranks per node
-        if not (slurm and spec.accelerator == "cpu"):
-            argv += ["--num_gpus", str(spec.ranks_per_node)]
-        # pdsh: every host was checked the way pdsh reaches it (nodes.check_ssh); srun reaches them without ssh
-        if spec.launcher in ("pdsh", "slurm"):
-            argv += ["--no_ssh_check"]
-    elif include:
-        argv += ["--include", "localhost:" + ",".join(map(str, spec.devices))]
-    else:
-        argv += ["--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node)]
-    argv += ["--master_port", str(spec.master_port)]
+    if not spec.hostfile:
+        if include:
+            return ["--include", "localhost:" + ",".join(map(str, spec.devices))]
+        return ["--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node)]
+    argv = ["--hostfile", spec.hostfile, "--launcher", spec.launcher]
+    # SlurmRunner.get_cmd: `if self.args.num_gpus > 0: srun_cmd.append('--gpus-per-node')`, which a node
+    # without GPUs refuses; on the CPU accelerator the hostfile's slots are the ranks per node
+    if not (slurm and spec.accelerator == "cpu"):
+        argv += ["--num_gpus", str(spec.ranks_per_node)]
+    # pdsh: every host was checked the way pdsh reaches it (nodes.check_ssh); srun reaches them without ssh
+    if spec.launcher in ("pdsh", "slurm"):
+        argv += ["--no_ssh_check"]
+    return argv
+
+
+def _runner_args(spec: LaunchSpec, slurm: bool) -> list[str]:
+    """The runner's arguments after the devices: the rendezvous, core binding, the user's own, and the entry."""
+    argv = ["--master_port", str(spec.master_port)]
     if spec.master_addr:
         argv += ["--master_addr", spec.master_addr]
     if spec.bind_cores:
@@ -118,8 +130,11 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     # SlurmRunner runs `srun ... python -u <user_script> <user_args>`: it drops --module and sets none of
     # torch.distributed's variables, so its script is sbatch.py, which sets them from srun's and runs launcher.rank
     entry = [RANK_SCRIPT] if slurm else ["--module", ENTRY_MODULE]
-    argv += ["--no_local_rank", *entry, "--run-spec", spec.run_spec_path]
+    return [*argv, "--no_local_rank", *entry, "--run-spec", spec.run_spec_path]
 
+
+def _rank_env(spec: LaunchSpec, include: bool, slurm: bool) -> dict[str, str]:
+    """The environment additions the ranks start with."""
     env = {
         "OMP_NUM_THREADS": str(spec.threads_per_rank),
         "TOKENIZERS_PARALLELISM": "false",  # ranks are already parallel; avoids fork warnings
@@ -131,7 +146,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ranks' CUDA numbers GPUs as NVML did
     if spec.alloc_conf:
         # torch's caching host allocator rounds pinned buffers up to a power of two unless told otherwise
-        # (memory.PINNED_ALLOC_CONF); the plan's CPU estimate counts the rounding this setting leaves
+        # (host_buffers.PINNED_ALLOC_CONF); the plan's CPU estimate counts the rounding this setting leaves
         env["PYTORCH_ALLOC_CONF"] = spec.alloc_conf
     if slurm:
         # srun's tasks get the runner's environment (--export=ALL), not its --master_addr / --master_port
@@ -140,7 +155,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
             env["MASTER_ADDR"] = spec.master_addr
     if spec.hostfile and spec.env_file:
         env["DS_ENV_FILE"] = spec.env_file  # an absolute path: the runner's os.path.join(~ or ., it) is the path
-    return argv, env
+    return env
 
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:

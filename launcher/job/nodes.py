@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.errors import UserInputError
-from launcher.plan.build import hostfile_hosts
+from launcher.job.planning import hostfile_hosts
 
 ENV_FILE = "deepspeed_env"  # OUT/deepspeed_env: the ranks' variables, for DS_ENV_FILE
 # This machine's variables every node's ranks need as well: the tool's own (fault drills), the Hugging Face hub's

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.deepspeed_logging import import_deepspeed
-from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped
+from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped, UserInputError
 from launcher.files import folder_bytes
+from launcher.inspection import host as live_host
 from launcher.inspection.host import aio_usable, op_usable
 from launcher.job import launch
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
+from launcher.plan.capacity import NVME_USABLE_FRACTION
 from launcher.plan.planner import Plan
 from launcher.units import fmt_bytes
 
@@ -31,6 +33,21 @@ SHM_BYTES_PER_CPU_RANK = 2 * 2**20 + 2 * 32 * 2**20
 # troubleshooting guide suggests --shm-size=1g.
 SHM_BYTES_FOR_NCCL = 2**30
 SHM_PATH = "/dev/shm"
+
+
+def check_nvme_room(
+    path: str, needed_bytes: int, strategy: str, what: str = "--nvme-path", reusable_bytes: int = 0
+) -> None:
+    """Before launch: the real folder behind a plan made for a described host must hold the plan's swap
+    files (the plan only saw the description's `nvme.free`). Same headroom as the planner's.
+    `reusable_bytes`: the run's own swap files a killed run left, which its resume overwrites."""
+    free = live_host.disk_free_bytes(live_host.check_nvme_folder(path, what)) + reusable_bytes
+    if needed_bytes > free * NVME_USABLE_FRACTION:
+        raise UserInputError(
+            f"{what} {path} has {fmt_bytes(free)} free, but {strategy} needs {fmt_bytes(needed_bytes)} of swap "
+            f"files there; free space on that drive, or pass a folder with at least "
+            f"{fmt_bytes(needed_bytes / NVME_USABLE_FRACTION)} free"
+        )
 
 
 @dataclass(frozen=True)

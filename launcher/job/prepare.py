@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING
 from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import UserInputError
 from launcher.files import folder_bytes, tool_cache_dir, write_json_atomic
-from launcher.inspection.host import check_nvme_room
 from launcher.job import launch, nodes, rundir
+from launcher.job.planning import hostfile_hosts
+from launcher.job.preflight import check_nvme_room
 from launcher.job.spec import RUN_SPEC_FILE, RunSpec
-from launcher.plan.build import hostfile_hosts
 from launcher.plan.planner import Plan
 from launcher.settings import Settings
-from launcher.views import plan_view
 
 if TYPE_CHECKING:
     from launcher.data.rows import Tokenization
@@ -224,7 +223,7 @@ def assemble(
 
 
 def run_identity(plan: Plan, settings: Settings, ds_config: dict, rows) -> dict:
-    """What a checkpoint of this run means, for the resume check (rundir.resume_changes): the model's shape,
+    """What a checkpoint of this run means, for the resume check (resume.resume_changes): the model's shape,
     the packed data's fingerprint (None when the data was not tokenized), the workload as DeepSpeed runs it
     (from the final ds_config, so a --ds-config's own values count), the strategy, the seed and the steps."""
     zero = ds_config.get("zero_optimization", {})
@@ -431,7 +430,7 @@ def launch_spec(
 def write(job: Job) -> None:
     out = job.out
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "plan.json", plan_view.plan_json(job.plan, job.ds_config))
+    write_json_atomic(out / "plan.json", job.plan.to_json(job.ds_config))
     write_json_atomic(out / "ds_config.json", job.ds_config)
     job.spec.dump(out / RUN_SPEC_FILE)
     if "DS_ENV_FILE" in job.env:

@@ -109,7 +109,7 @@ def truncate_model(model_spec: str, layers: int, dest: Path, trust_remote_code: 
     """Write the model's config with only `layers` transformer layers to `dest` (no weights: training
     starts from a random initialization). Per-layer lists (e.g. Qwen's `layer_types`) are cut to match.
     Returns (dest, the model's full layer count)."""
-    from launcher.inspection.model import cut_to_layers, load_config, resolve_config_dir
+    from launcher.inspection.model_config import cut_to_layers, load_config, resolve_config_dir
 
     location, _source, _name = resolve_config_dir(model_spec)
     config = load_config(location, trust_remote_code)
@@ -127,6 +127,6 @@ def truncate_model(model_spec: str, layers: int, dest: Path, trust_remote_code: 
 def tokenizer_source(model_spec: str, tokenizer: str | None) -> str:
     """--tokenizer when given; else the model itself: its folder, or its hub id (an alias such as
     meta-llama/Llama-2-7b resolved to the real repository)."""
-    from launcher.inspection.model import bundled_aliases
+    from launcher.inspection.model_config import bundled_aliases
 
     return tokenizer or bundled_aliases().get(model_spec, model_spec)

@@ -14,9 +14,10 @@ from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import OffloadLaunchError, UserInputError
 from launcher.files import tool_cache_dir
 from launcher.job import launch, preflight, prepare, ranks, rundir, smoke
+from launcher.job.planning import build_plan
 from launcher.job.smoke import Check, SmokeReport
 from launcher.job.train import Warn
-from launcher.plan.build import build_plan, closest_shortfall, fit_summary
+from launcher.plan.fit import closest_shortfall, fit_summary
 from launcher.plan.planner import Plan
 from launcher.settings import Settings
 

@@ -18,8 +18,9 @@ from launcher import stops
 from launcher.config.final import UserConfig
 from launcher.errors import Stopped, UserInputError
 from launcher.job import launch, nodes, preflight, prepare, ranks, rundir
+from launcher.job.planning import hostfile_hosts
 from launcher.job.prepare import Job
-from launcher.plan.build import hostfile_hosts
+from launcher.job.resume import ResumeCheck, refusal, resume_changes
 from launcher.plan.planner import Plan
 from launcher.settings import Settings, declaration
 
@@ -122,7 +123,7 @@ def keep_checkpoint_strategy(settings: Settings) -> tuple[Settings, str | None]:
     """A run that will resume OUT's newest complete checkpoint keeps that checkpoint's ZeRO stage, offload
     devices and precision wherever the user left them to the plan ("auto"): the plan may choose differently
     today (finished runs calibrate it, rates get measured, memory is freed), and a checkpoint resumes only under
-    the strategy that wrote it (rundir.resume_changes), so "rerun the same command" must mean the same strategy.
+    the strategy that wrote it (resume.resume_changes), so "rerun the same command" must mean the same strategy.
     A kept value that the other settings contradict is left to the resume check, which names what differs.
     Returns the settings and the line that says what was kept (the caller says it once the resume goes ahead)."""
     out = output_dir(settings)
@@ -177,16 +178,16 @@ class _Folder:
             self.warn(message)
         rundir.claim(self.out, "train", ("cache",), self.ownership.marker)
 
-    def resume_check(self, identity: dict) -> rundir.ResumeCheck:
+    def resume_check(self, identity: dict) -> ResumeCheck:
         """What resuming OUT's newest complete checkpoint means for this run; refused (exit 2) when the
         checkpoint was trained with settings that make it mean something else."""
         if not self.settings.resume:
-            return rundir.ResumeCheck(0)
+            return ResumeCheck(0)
         marker = rundir.read_marker(self.out) or self.ownership.marker or {}
         step = newest_checkpoint_step(self.settings)
-        check = rundir.resume_changes(marker.get("run"), identity, step, legacy=marker.get("legacy", False))
+        check = resume_changes(marker.get("run"), identity, step, legacy=marker.get("legacy", False))
         if check.problems:
-            raise UserInputError(rundir.refusal(self.out, check))
+            raise UserInputError(refusal(self.out, check))
         return check
 
     def give_back(self) -> None:
@@ -230,7 +231,7 @@ def remember(plan: Plan, summary: dict) -> None:
     if plan.host.source != "live":
         return
     from launcher.files import tool_cache_dir
-    from launcher.inspection.rates import host_id
+    from launcher.inspection.host import host_id
     from launcher.plan import calibration
 
     label = plan.chosen.strategy.label

@@ -1,20 +1,52 @@
-"""One candidate: a strategy sized (memory.py) and timed (timing.py) for a model, a host and a workload. The planner
-(planner.py) and its refinements of the framework's strategies (modes.py) build every candidate here.
+"""One candidate: a strategy sized (memory.py) and timed (timing.py) for a model, a host and a workload (`Inputs`).
+The planner (planner.py) and its refinements of the framework's strategies (modes.py) build every candidate here.
 
 Pure, like the planner: same inputs, same Candidate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.inspection.hostprofile import HostProfile
-from launcher.plan import memory, timing
+from launcher.inspection.model import ModelProfile
+from launcher.plan import host_buffers, memory, subgroups, timing
 from launcher.plan.calibration import calibrate
 from launcher.plan.capacity import fit_problems, model_shape, size_buckets
-from launcher.plan.memory import Buckets, MemoryEstimate, Strategy
-from launcher.plan.timing import Rates, StepEstimate
+from launcher.plan.memory import MemoryEstimate
+from launcher.plan.rates import Rates
+from launcher.plan.shapes import Shape
+from launcher.plan.strategy import Buckets, Strategy
+from launcher.plan.timing import StepEstimate
 from launcher.plan.workload import Workload
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every candidate of one plan is sized and timed for: the arguments that travel together through
+    estimate_candidate, the modes (modes.py) and the planner's hints and advice."""
+
+    model: ModelProfile
+    """The model (inspection/model.py)."""
+    host: HostProfile
+    """The host (inspection/hostprofile.py): its tiers' sizes, GPUs, nodes, NVMe folder."""
+    workload: Workload
+    """The resolved workload (workload.resolve): `seq_len` filled in."""
+    rates: Rates
+    """The rates the step-time model runs on, with the collectives' links (network.with_links)."""
+    world: int
+    """Ranks in all."""
+    ranks: int
+    """Ranks per node."""
+    alloc_conf: str | None = None
+    """The ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers."""
+    calibration: dict | None = None
+    """Strategy label -> calibration.Factors from finished runs on this host (None: first principles only)."""
+
+    def uncalibrated(self, workload: Workload | None = None) -> Inputs:
+        """The same inputs without calibration (what a hint or advice compares), optionally for another
+        workload."""
+        return replace(self, workload=workload or self.workload, calibration=None)
 
 
 @dataclass(frozen=True)
@@ -40,10 +72,10 @@ class Candidate:
         }
 
 
-def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> timing.Shape:
-    """What the step-time model needs of the model and the workload (an encoder-decoder's both stacks: timing
+def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> Shape:
+    """What the step-time model needs of the model and the workload (an encoder-decoder's both stacks: compute.py
     [enc-dec])."""
-    return timing.Shape(
+    return Shape(
         params=model.params,
         compute_params=model.compute_params,
         layers=model.num_layers,
@@ -60,24 +92,14 @@ def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> 
 
 
 def estimate_candidate(
-    model,
-    host,
-    workload: Workload,
-    strategy: Strategy,
-    rates: Rates,
-    world: int,
-    ranks: int,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    alloc_conf: str | None = None,
-    calibration: dict | None = None,
+    inputs: Inputs, strategy: Strategy, micro_batch: int | None = None, grad_accum: int | None = None
 ) -> Candidate:
-    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). `alloc_conf`:
-    the ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers;
-    `calibration`: strategy label -> calibration.Factors from finished runs on this host. With the optimizer on
-    NVMe, pipelined swaps (capacity.nvme_optimizer_sizing) are kept only where they fit and are predicted faster
-    than the serial swapper (timing [DS-pipe]: with few sub-groups or a short CPU-Adam they are not)."""
-    args = (model, host, workload, strategy, rates, world, ranks, micro_batch, grad_accum, alloc_conf, calibration)
+    """Size and time one strategy (optionally at another micro-batch / accumulation, for advice). With the
+    optimizer on NVMe, pipelined swaps (capacity.nvme_optimizer_sizing) are kept only where they fit and are
+    predicted faster than the serial swapper (timing [DS-pipe]: with few sub-groups or a short CPU-Adam they are
+    not)."""
+    model, host, world, ranks = inputs.model, inputs.host, inputs.world, inputs.ranks
+    args = (inputs, strategy, micro_batch or inputs.workload.micro_batch, grad_accum or inputs.workload.grad_accum)
     pipelined = _estimate(*args, size_buckets(model, host, strategy, world, ranks))
     if not pipelined.buckets.pipeline:
         return pipelined
@@ -86,12 +108,9 @@ def estimate_candidate(
     return pipelined if pipelined.fits and (faster or not serial.fits) else serial
 
 
-def _estimate(
-    model, host, workload, strategy, rates, world, ranks, micro_batch, grad_accum, alloc_conf, calibration, buckets
-) -> Candidate:
-    """estimate_candidate with the buckets decided."""
-    micro_batch = micro_batch or workload.micro_batch
-    grad_accum = grad_accum or workload.grad_accum
+def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: int, buckets: Buckets) -> Candidate:
+    """estimate_candidate with the batch and the buckets decided."""
+    model, host, workload, world, ranks = inputs.model, inputs.host, inputs.workload, inputs.world, inputs.ranks
     pinned = pins_host_memory(strategy, host)
     shape = model_shape(model, buckets)
     estimate = memory.estimate(
@@ -105,15 +124,15 @@ def _estimate(
         checkpointing=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
         pin_memory=pinned,
-        pinned_round_limit=memory.pinned_round_limit(alloc_conf),
+        pinned_round_limit=host_buffers.pinned_round_limit(inputs.alloc_conf),
         grad_accum=grad_accum,
     )
     # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
-    gpu_share = memory.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0
+    gpu_share = subgroups.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0
     step = timing.estimate_step(
         step_shape(model, workload, micro_batch, grad_accum),
         strategy,
-        rates,
+        inputs.rates,
         world=world,
         ranks_per_node=ranks,
         has_gpu=host.has_gpu,
@@ -121,7 +140,7 @@ def _estimate(
         gpu_share=gpu_share,
         pipelined_groups=-(-model.params // world // buckets.sub_group_size) if buckets.pipeline else 0,
     )
-    step = calibrate(step, (calibration or {}).get(strategy.label))
+    step = calibrate(step, (inputs.calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
 
 

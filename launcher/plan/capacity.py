@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
-from launcher.plan import memory
-from launcher.plan.memory import Buckets, MemoryEstimate, ModelShape, Strategy
+from launcher.plan.memory import MemoryEstimate, zero3_live_parameter_limit
+from launcher.plan.shapes import ModelShape
+from launcher.plan.strategy import BYTES_16BIT, BYTES_FP32, Buckets, Strategy
 from launcher.units import fmt_bytes
 
 # DeepSpeed defaults for the swap machinery (offload_config.py), kept unless the host calls for less.
@@ -29,25 +30,28 @@ PARAM_BUFFER_COUNT = 5
 MAX_IN_CPU = 1_000_000_000
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/constants.py: swap partitions align to 1 KiB
 SWAP_BUFFER_RAM_FRACTION = 0.10  # at most this share of a node's RAM for the optimizer swap buffers
-# [Twin-Flow] (memory.py) DeepSpeed splits a partial offload by whole sub-groups: a partial offload's partition is cut
-# into about this many, so the share kept on the GPU moves in steps of ~5 % (with DeepSpeed's 1e9-element default a
-# 7B partition has 7 sub-groups: steps of 14 %). Each sub-group is one optimizer.step() call: 20 cost nothing.
+# [Twin-Flow] (subgroups.py) DeepSpeed splits a partial offload by whole sub-groups: a partial offload's partition is
+# cut into about this many, so the share kept on the GPU moves in steps of ~5 % (with DeepSpeed's 1e9-element default
+# a 7B partition has 7 sub-groups: steps of 14 %). Each sub-group is one optimizer.step() call: 20 cost nothing.
 PARTIAL_OFFLOAD_SUB_GROUPS = 20
+GPU_USABLE_FRACTION = 0.90  # allocator fragmentation headroom on the GPU
+CPU_USABLE_FRACTION = 0.85  # leave the OS, page cache and data loader room
+NVME_USABLE_FRACTION = 0.95
 
 
 # ------------------------------------------------------------------------------------------ capacity
 
 
 def usable_gpu_bytes(host: HostProfile) -> int:
-    return int(host.gpus.memory_bytes * memory.GPU_USABLE_FRACTION)
+    return int(host.gpus.memory_bytes * GPU_USABLE_FRACTION)
 
 
 def usable_cpu_bytes(host: HostProfile) -> int:
-    return int(min(host.cpu_memory_available_bytes, host.cpu_memory_bytes) * memory.CPU_USABLE_FRACTION)
+    return int(min(host.cpu_memory_available_bytes, host.cpu_memory_bytes) * CPU_USABLE_FRACTION)
 
 
 def usable_nvme_bytes(host: HostProfile) -> int:
-    return int(host.nvme.free_bytes * memory.NVME_USABLE_FRACTION) if host.nvme else 0
+    return int(host.nvme.free_bytes * NVME_USABLE_FRACTION) if host.nvme else 0
 
 
 def fit_problems(strategy: Strategy, estimate: MemoryEstimate, host: HostProfile) -> tuple[str, ...]:
@@ -74,7 +78,7 @@ def aligned_partition_numel(numel: int, world: int) -> int:
     """A tensor's per-rank ZeRO-3 partition as the swapper sees it: ceil(numel / N), rounded up to the
     aio alignment (1 KiB = 512 fp16 elements) - what offload_param.buffer_size must hold (DeepSpeed issue
     3506, "More elements N than buffer size")."""
-    alignment = AIO_ALIGNED_BYTES // memory.BYTES_16BIT
+    alignment = AIO_ALIGNED_BYTES // BYTES_16BIT
     partition = -(-numel // world)
     return -(-partition // alignment) * alignment
 
@@ -104,8 +108,8 @@ def size_buckets(
         max_in_cpu=MAX_IN_CPU,
         # ZeRO-3's live gathered parameters ([DS-live]): bounded per plan, two of the largest blocks; the ds_config
         # gets the same numbers (dsconfig._zero_section), so the GPU estimate counts what DeepSpeed keeps.
-        max_live_parameters=memory.zero3_live_parameter_limit(model.layer_params),
-        max_reuse_distance=memory.zero3_live_parameter_limit(model.layer_params),
+        max_live_parameters=zero3_live_parameter_limit(model.layer_params),
+        max_reuse_distance=zero3_live_parameter_limit(model.layer_params),
     )
 
 
@@ -126,7 +130,7 @@ def nvme_optimizer_sizing(
     partition = model.params // world
 
     def largest(count: int) -> int:
-        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * memory.BYTES_FP32)
+        budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * BYTES_FP32)
         return int(min(DEFAULT_SUB_GROUP_SIZE, budget_numel - overshoot))
 
     if pipeline and largest(PIPELINED_BUFFER_COUNT) >= MIN_SUB_GROUP and partition > MIN_SUB_GROUP:

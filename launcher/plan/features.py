@@ -1,6 +1,6 @@
 """DeepSpeed features the plan uses beyond the 2021 strategies, by the first release that has them. The planner
 proposes a feature only where the installed DeepSpeed has it, and a setting that asks for one it lacks is refused
-in one line (`require`). Pure: the version is passed in (build.installed_deepspeed_version reads it).
+in one line (`require`). Pure: the version is passed in (job/planning.installed_deepspeed_version reads it).
 """
 
 from __future__ import annotations

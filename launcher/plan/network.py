@@ -1,6 +1,6 @@
 """What ZeRO's data parallelism sends between the ranks, and what that costs on the links it crosses: each GPU's link
 to the node's other GPUs, and the node's network to the other nodes. One ring model for both: the slower link bounds
-the ring (timing.py adds the result to the step).
+the ring (timing.py adds the result to the step; reasons.py says it in a sentence).
 
 Sources:
   [busbw]   NCCL tests, doc/PERFORMANCE.md ("Bus bandwidth"): with each rank's bandwidth to the outside world B, an
@@ -41,13 +41,13 @@ Sources:
             it) the gradient reductions run on their own stream during the backward of the micro-batches that make
             them (all of them at ZeRO-2/3, the last one at ZeRO-1), so only what outlasts that backward adds; the
             backward is 2/3 of a micro-batch's compute, 3/4 with recomputation (4·P of 6·P FLOPs per token, 6·P of
-            8·P: timing.py [seeds-F]). ZeRO-3's gathers are charged in full, as timing.py charges the offloaded
-            parameters' fetches (prefetching hides only part of them: DeepSpeed issue 3901); the all-gather after the
-            optimizer step waits for the step and adds to the update.
+            8·P: compute.py [seeds-F], `backward_share`). ZeRO-3's gathers are charged in full, as traffic.py charges
+            the offloaded parameters' fetches (prefetching hides only part of them: DeepSpeed issue 3901); the
+            all-gather after the optimizer step waits for the step and adds to the update.
   [nominal] A node whose network is not described (a live host: nothing here can measure it) is taken to have one
             100 Gb/s NIC: 100 Gigabit Ethernet (IEEE 802.3) or InfiniBand EDR / HDR100, a common cluster node's link;
-            the plan says so in one line. GPU servers built for multi-node training have far more (a DGX A100: 8 x
-            200 Gb/s HDR InfiniBand for compute traffic, DGX A100 datasheet), which a described host states.
+            the plan says so in one line (reasons.py). GPU servers built for multi-node training have far more (a DGX
+            A100: 8 x 200 Gb/s HDR InfiniBand for compute traffic, DGX A100 datasheet), which a described host states.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from launcher.plan.memory import BYTES_16BIT, Strategy
-from launcher.units import fmt_bytes
+from launcher.plan.compute import backward_share
+from launcher.plan.rates import Rates
+from launcher.plan.shapes import Shape
+from launcher.plan.strategy import BYTES_16BIT, Strategy
 
 if TYPE_CHECKING:
     from launcher.inspection.hostprofile import HostProfile
-    from launcher.plan.timing import Rates, Shape, StepEstimate
 
 NOMINAL_NETWORK_BITS_PER_S = 100 * 10**9  # [nominal] one 100 Gb/s NIC per node
 NOMINAL_NETWORK_BYTES_PER_S = NOMINAL_NETWORK_BITS_PER_S / 8  # 12.5 GB/s per direction
@@ -120,12 +121,6 @@ def ring_bytes_per_s(rates: Rates, world: int, ranks_per_node: int) -> float | N
     return min(links) if links else None
 
 
-def backward_share(recompute: bool) -> float:
-    """The backward's share of a micro-batch's compute: 4·P of 6·P FLOPs per token, 6·P of 8·P when the forward is
-    recomputed in it (timing.py [seeds-F])."""
-    return 0.75 if recompute else 2 / 3
-
-
 def collective_times(
     shape: Shape, strategy: Strategy, rates: Rates, world: int, ranks_per_node: int, t_compute: float
 ) -> CollectiveTimes:
@@ -160,31 +155,3 @@ def with_links(rates: Rates, host: HostProfile, ranks_per_node: int) -> Rates:
     if interconnect and ranks_per_node > 1:
         sources.setdefault("interconnect_bytes_per_s", "described")
     return replace(rates, network_bytes_per_s=network, interconnect_bytes_per_s=interconnect, sources=sources)
-
-
-def nominal_network_note(host: HostProfile) -> str | None:
-    """[nominal] the one line a plan for several nodes whose network nobody described carries; None otherwise."""
-    if host.nodes <= 1 or host.network_bytes_per_s:
-        return None
-    bits, rate = NOMINAL_NETWORK_BITS_PER_S / 1e9, NOMINAL_NETWORK_BYTES_PER_S / 1e9
-    return (
-        f"network nominal: {bits:.0f} Gb/s per node ({rate:.3g} GB/s each way) for the collectives between the "
-        f"{host.nodes} nodes; state yours as network.bandwidth (and network.nics) in a described host, --host-spec "
-        "(docs/planning.md, 'Several nodes: the network')"
-    )
-
-
-def collectives_reason(timing: StepEstimate, rates: Rates, world: int, ranks_per_node: int) -> str | None:
-    """The chosen strategy's collectives in one line: what they send, on which link, in how long; None when they are
-    not charged."""
-    rate = ring_bytes_per_s(rates, world, ranks_per_node)
-    if not timing.collective_seconds_per_step or not rate:
-        return None
-    across = world > ranks_per_node
-    link = "the nodes' network" if across and rate == rates.network_bytes_per_s else "the GPUs' links"
-    return (
-        f"collectives: each rank sends {fmt_bytes(timing.collective_bytes_per_step)} per step around the ring"
-        f"{' and each node as much across the network' if across else ''}, at {rate / 1e9:.3g} GB/s ({link} bound "
-        f"it): {timing.collective_seconds_per_step:.3g} s, the gradients' reductions hidden behind the backward as far "
-        "as it lasts"
-    )

@@ -21,9 +21,9 @@ from pathlib import Path
 from launcher.data.sampling import BlockOrder
 from launcher.files import folder_bytes, write_json_atomic
 from launcher.inspection.model import AUTO_CLASSES, auto_class
-from launcher.inspection.passes import enable_recompute
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec, node_rank
+from launcher.measure.passes import enable_recompute
 from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
 from launcher.rank.export import export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
@@ -241,7 +241,7 @@ class Trainer:
 
     def saved_activations(self):
         """Where the forward's saved tensors wait for the backward: with the activations offloaded (the plan's
-        act->cpu, memory.py [act-offload]) in CPU memory, pinned on CUDA (torch.autograd.graph.save_on_cpu; the
+        act->cpu, host_buffers.py [act-offload]) in CPU memory, pinned on CUDA (torch.autograd.graph.save_on_cpu; the
         CPU accelerator has nothing to pin); else where autograd keeps them."""
         if not self.spec.offload_activations:
             return contextlib.nullcontext()

@@ -1,4 +1,4 @@
-"""Render a Plan for people (text tables) and for programs (the `--json` contract, documented in docs/json.md)."""
+"""Render a Plan for people: text tables (the `--json` object is Plan.to_json, documented in docs/json.md)."""
 
 from __future__ import annotations
 
@@ -9,58 +9,10 @@ from launcher.plan import capacity
 from launcher.plan.planner import Plan
 from launcher.units import fmt_bytes, fmt_count
 
-JSON_SCHEMA_VERSION = 1
-
-if TYPE_CHECKING:  # rich is imported where it is used: plan_json and plan_text do not need it
+if TYPE_CHECKING:  # rich is imported where it is used: plan_text does not need it
     from rich.console import Console, Group
     from rich.table import Table
     from rich.text import Text
-
-
-def plan_json(plan: Plan, ds_config: dict | None) -> dict:
-    """The stable `--json` object. Integers for bytes; strategy fields use DeepSpeed's vocabulary."""
-    chosen = plan.chosen
-    return {
-        "version": JSON_SCHEMA_VERSION,
-        "fits": chosen is not None,
-        "model": plan.model.to_json(),
-        "host": plan.host.to_json(),
-        "workload": {
-            "seq_len": plan.workload.seq_len,
-            "micro_batch": plan.workload.micro_batch,
-            "grad_accum": plan.workload.grad_accum,
-            "world_size": plan.world_size,
-            "ranks_per_node": plan.ranks_per_node,
-            "nodes": plan.host.nodes,
-            "train_batch_size": plan.train_batch_size,
-            "tokens_per_step": plan.tokens_per_step,
-            "precision": plan.precision,
-            "activation_checkpointing": plan.workload.activation_checkpointing,
-        },
-        "strategy": chosen.strategy.to_json() | {"label": chosen.strategy.label} if chosen else None,
-        "memory": chosen.memory.to_json() if chosen else None,
-        "capacity": {
-            "gpu_bytes_per_device": capacity.usable_gpu_bytes(plan.host) if plan.host.has_gpu else None,
-            "cpu_bytes": capacity.usable_cpu_bytes(plan.host),
-            "nvme_bytes": capacity.usable_nvme_bytes(plan.host) if plan.host.nvme else None,
-        },
-        "estimates": chosen.timing.to_json() if chosen else None,
-        "rates": {
-            "compute_flops_per_s": plan.rates.compute_flops_per_s,
-            "pcie_bytes_per_s": plan.rates.pcie_bytes_per_s,
-            "cpu_adam_params_per_s": plan.rates.cpu_adam_params_per_s,
-            "nvme_read_bytes_per_s": plan.rates.nvme_read_bytes_per_s,
-            "nvme_write_bytes_per_s": plan.rates.nvme_write_bytes_per_s,
-            "network_bytes_per_s": plan.rates.network_bytes_per_s,
-            "interconnect_bytes_per_s": plan.rates.interconnect_bytes_per_s,
-            "sources": dict(plan.rates.sources),
-        },
-        "advice": plan.advice,
-        "candidates": [c.to_json() for c in plan.candidates],
-        "reasons": list(plan.reasons),
-        "warnings": list(plan.warnings),
-        "ds_config": ds_config,
-    }
 
 
 def _cell(n: int) -> str:

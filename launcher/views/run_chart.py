@@ -156,7 +156,7 @@ def _number(value: object) -> float:
 
 
 def _label_from_summary(summary: dict) -> str | None:
-    """The strategy label rebuilt from run.json (memory.Strategy.label's spelling) when plan.json is gone."""
+    """The strategy label rebuilt from run.json (strategy.Strategy.label's spelling) when plan.json is gone."""
     if "zero_stage" not in summary:
         return None
     parts = [f"ZeRO-{summary['zero_stage']}"]

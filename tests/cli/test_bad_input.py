@@ -18,9 +18,8 @@ from click.testing import CliRunner
 from launcher import settings
 from launcher.cli import cli
 from launcher.inspection import host as host_module
-from launcher.job import launch, preflight
-from launcher.plan import build as build_module
-from launcher.plan.build import build_plan
+from launcher.job import launch, planning, preflight
+from launcher.job.planning import build_plan
 from launcher.units import GB
 from tests.helpers import REPO, host_path, save_config, tiny_llama_config
 
@@ -52,8 +51,8 @@ class Case:
     nvme_free_bytes: int | None = None  # free space the NVMe folder reports (a small drive)
     stdout: tuple[str, ...] = field(default=())  # exit 3: the numbers in the candidates table
     max_seconds: float = 60  # generous: the first case in a process pays for importing torch and transformers
-    # the torch the ranks would run (build.installed_torch_version; None: this machine's): from 2.13 a CUDA plan
-    # sets memory.PINNED_ALLOC_CONF and counts pinned buffers unrounded, before it torch's power-of-two rounding
+    # the torch the ranks would run (planning.installed_torch_version; None: this machine's): from 2.13 a CUDA plan
+    # sets host_buffers.PINNED_ALLOC_CONF and counts pinned buffers unrounded, before it torch's power-of-two rounding
     torch: str | None = None
 
 
@@ -361,7 +360,7 @@ def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_proces
         monkeypatch.setattr(host_module, "disk_free_bytes", lambda _path: case.nvme_free_bytes)
         monkeypatch.setattr(host_module, "aio_usable", lambda: True)
     if case.torch is not None:
-        monkeypatch.setattr(build_module, "installed_torch_version", lambda: case.torch)
+        monkeypatch.setattr(planning, "installed_torch_version", lambda: case.torch)
     if case.id == "nvme-not-writable" and os.geteuid() == 0:  # root writes anywhere: a folder it may not
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda p, m: False if Path(p).name == "read-only" else real_access(p, m))

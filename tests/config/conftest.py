@@ -7,7 +7,9 @@ import pytest
 from launcher.config import dsconfig
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -25,7 +27,7 @@ def a100():
 def plan7b(llama7b, a100):
     # ZeRO-2 + opt->cpu: the config tests' stage-2 shape (left to itself the plan keeps part of the optimizer on
     # the GPU with ZeRO-3, tests/plan/test_partial_offload.py)
-    return make_plan(llama7b, a100, Workload(zero_stage="2", offload_optimizer="cpu"))
+    return make_plan(llama7b, a100, Workload(zero_stage="2", offload_optimizer="cpu"), resolve_rates(a100))
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import pytest
 from launcher.config import dsconfig
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan.planner import CANDIDATE_ORDER, Workload, make_plan
+from launcher.plan.planner import CANDIDATE_ORDER, make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -33,7 +35,7 @@ def forced(strategy) -> dict:
 def test_every_template_combination_passes_both_validators(llama7b, strategy, host, precision):
     workload = Workload(precision=precision, micro_batch=2, grad_accum=4, **forced(strategy))
     # render every strategy, whether or not it fits: a generated config that fails validation is a bug
-    plan = make_plan(llama7b, load_host_spec(host_path(host)), workload)
+    plan = make_plan(llama7b, (hw := load_host_spec(host_path(host))), workload, resolve_rates(hw))
     candidate = next(c for c in plan.candidates if c.strategy == strategy)
     plan = replace(plan, chosen=replace(candidate, problems=()))
     config = dsconfig.render(plan)
@@ -64,7 +66,7 @@ def test_every_template_combination_passes_both_validators(llama7b, strategy, ho
 
 
 def test_hf_auto_conventions_for_buckets(llama7b):
-    plan = make_plan(llama7b, load_host_spec(host_path("4x-a100-40g")), Workload())
+    plan = make_plan(llama7b, (hw := load_host_spec(host_path("4x-a100-40g"))), Workload(), resolve_rates(hw))
     zero = dsconfig.render(plan)["zero_optimization"]
     h = 4096
     assert zero["reduce_bucket_size"] == h * h
@@ -75,8 +77,9 @@ def test_hf_auto_conventions_for_buckets(llama7b):
 def test_cpu_only_host_config_passes(tiny_llama_dir):
     plan = make_plan(
         inspect_model(str(tiny_llama_dir)),
-        load_host_spec(host_path("cpu-only")),
+        (hw := load_host_spec(host_path("cpu-only"))),
         Workload(zero_stage="3", offload_optimizer="cpu", offload_param="cpu"),
+        resolve_rates(hw),
     )
     config = dsconfig.render(plan)
     dsconfig.validate(config, 1)
@@ -87,7 +90,7 @@ def test_cpu_only_host_config_passes(tiny_llama_dir):
 def good_config(llama7b):
     """A ZeRO-2 CPU-offload config: 7B on one 24 GB GPU with 192 GB RAM (on 128 GB the optimizer no longer fits
     in CPU RAM and goes to NVMe under ZeRO-3, where the partial-offload `ratio` below would be allowed)."""
-    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
+    plan = make_plan(llama7b, (hw := load_host_spec(host_path("1x-rtx4090-24g-192g"))), Workload(), resolve_rates(hw))
     assert plan.chosen.strategy.label == "ZeRO-2 + opt->cpu"
     return dsconfig.render(plan)
 

@@ -11,14 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.config import dsconfig, lint, lint_modes, merge
+from launcher.config import dsconfig, lint, lint_partial, merge
 from launcher.config.keys import BATCH_KEYS, estimate_config, strategy_of
 from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan.capacity import aligned_partition_numel, usable_cpu_bytes
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.strategy import Strategy
+from launcher.plan.workload import Workload
 from launcher.units import fmt_bytes
 from tests.helpers import errors, host_path, only
 
@@ -29,7 +31,7 @@ def forced_plan(model, host, strategy: Strategy, **workload):
         offload_optimizer=strategy.offload_optimizer,
         offload_param=strategy.offload_param,
     )
-    return make_plan(model, host, Workload(**pinned, **workload))
+    return make_plan(model, host, Workload(**pinned, **workload), resolve_rates(host))
 
 
 # ------------------------------------------------------------------------------------------ unknown keys
@@ -341,7 +343,7 @@ def test_batch_arithmetic_holds_and_auto_is_tolerated(good):
 
 def test_offload_that_does_not_fit_the_host_gives_the_numbers(a100):
     llama70b = inspect_model("meta-llama/Llama-2-70b-hf")
-    plan = make_plan(llama70b, a100, Workload())
+    plan = make_plan(llama70b, a100, Workload(), resolve_rates(a100))
     config = forced_render(plan, Strategy(3, "cpu", "cpu"))
     _, estimate = estimate_config(config, plan, 1)
     finding = only(lint.lint(config, plan, 1), "zero_optimization")
@@ -370,7 +372,7 @@ def test_config_estimate_is_the_planners_for_every_rendered_strategy(plan7b):
 @pytest.mark.parametrize("host", ["1x-a100-80g", "8x-h100-80g", "2x-rtx4090-24g"])
 def test_generated_configs_lint_clean(llama7b, host):
     described = load_host_spec(host_path(host))
-    plan = make_plan(llama7b, described, Workload(micro_batch=2, grad_accum=4))
+    plan = make_plan(llama7b, described, Workload(micro_batch=2, grad_accum=4), resolve_rates(described))
     fitting = [c for c in plan.candidates if c.fits]
     assert len({c.strategy.zero_stage for c in fitting}) >= 1 and len(fitting) >= 3
     for candidate in fitting:
@@ -379,13 +381,18 @@ def test_generated_configs_lint_clean(llama7b, host):
         if candidate is plan.chosen:
             assert findings == [], candidate.strategy.label
         else:  # the planner's runner-ups: a full optimizer offload may leave its partial offload's win unused
-            assert all(f.path == lint_modes.OFFLOAD_OPTIMIZER and f.level == "warning" for f in findings), findings
+            assert all(f.path == lint_partial.OFFLOAD_OPTIMIZER and f.level == "warning" for f in findings), findings
             assert not findings or (candidate.strategy.offload_optimizer == "cpu" and not candidate.strategy.partial)
 
 
 def test_generated_configs_lint_clean_with_nvme_and_on_the_cpu_accelerator(mixtral_plan, tiny_llama_dir):
     assert lint.lint(dsconfig.render(mixtral_plan), mixtral_plan, 1) == []
-    cpu = make_plan(inspect_model(str(tiny_llama_dir)), load_host_spec(host_path("cpu-only")), Workload())
+    cpu = make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := load_host_spec(host_path("cpu-only"))),
+        Workload(),
+        resolve_rates(h),
+    )
     assert lint.lint(dsconfig.render(cpu), cpu, cpu.world_size) == []
 
 

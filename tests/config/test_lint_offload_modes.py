@@ -14,11 +14,15 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.config import dsconfig, lint, lint_modes
+from launcher.config import dsconfig, lint, lint_partial
 from launcher.config.keys import estimate_config
 from launcher.inspection.hostspec import load_host_spec
+from launcher.plan.candidates import Inputs, estimate_candidate
 from launcher.plan.capacity import usable_gpu_bytes
-from launcher.plan.planner import Workload, estimate_candidate, make_plan, partial_offload_candidate
+from launcher.plan.modes import partial_offload_candidate
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from launcher.units import fmt_bytes
 from tests.helpers import errors, host_path, only
 
@@ -33,7 +37,9 @@ ZENFLOW = "zero_optimization.zenflow"
 @pytest.fixture(scope="module")
 def full3_plan(llama7b, a100):
     """ZeRO-3 with the whole optimizer on the CPU (ratio pinned to 1: left alone the planner keeps part on the GPU)."""
-    return make_plan(llama7b, a100, Workload(zero_stage="3", offload_optimizer="cpu", offload_ratio=1.0))
+    return make_plan(
+        llama7b, a100, Workload(zero_stage="3", offload_optimizer="cpu", offload_ratio=1.0), resolve_rates(a100)
+    )
 
 
 @pytest.fixture
@@ -47,7 +53,12 @@ def stage3(full3_plan):
 def cpu_host_plan(tiny_llama_dir):
     from launcher.inspection.model import inspect_model
 
-    return make_plan(inspect_model(str(tiny_llama_dir)), load_host_spec(host_path("cpu-only")), Workload())
+    return make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := load_host_spec(host_path("cpu-only"))),
+        Workload(),
+        resolve_rates(h),
+    )
 
 
 def without_offload(config):
@@ -132,7 +143,7 @@ def test_a_ratio_that_keeps_no_sub_group_on_the_gpu(stage3, full3_plan):
 
 
 def test_the_planners_partial_offload_lints_clean(llama7b, a100):
-    plan = make_plan(llama7b, a100, Workload())
+    plan = make_plan(llama7b, a100, Workload(), resolve_rates(a100))
     assert plan.chosen.strategy.partial
     assert lint.lint(dsconfig.render(plan), plan, 1) == []
 
@@ -268,7 +279,7 @@ def zenflow(good):
 
 
 def test_the_planners_zenflow_config_lints_clean(llama7b, a100):
-    plan = make_plan(llama7b, a100, Workload(zenflow=True, zenflow_interval=8))
+    plan = make_plan(llama7b, a100, Workload(zenflow=True, zenflow_interval=8), resolve_rates(a100))
     assert plan.chosen.strategy.zenflow_interval == 8
     assert lint.lint(dsconfig.render(plan), plan, 1) == []
 
@@ -387,20 +398,20 @@ def expected_win(config, plan):
     """The warning's numbers, straight from the planner."""
     _, estimate = estimate_config(config, plan, 1)
     workload = replace(plan.workload, offload_ratio=None, zero_stage="auto", offload_optimizer="auto")
-    partial = partial_offload_candidate(plan.model, plan.host, workload, plan.rates, 1, 1, plan.alloc_conf)
-    own = estimate_candidate(plan.model, plan.host, workload, plan.chosen.strategy, plan.rates, 1, 1)
+    partial = partial_offload_candidate(Inputs(plan.model, plan.host, workload, plan.rates, 1, 1, plan.alloc_conf))
+    own = estimate_candidate(Inputs(plan.model, plan.host, workload, plan.rates, 1, 1), plan.chosen.strategy)
     return estimate, partial, own
 
 
 @pytest.mark.parametrize("stage", ["2", "3"])
 def test_a_full_offload_that_leaves_a_partial_offloads_win_unused(llama7b, a100, stage):
     pins = {"offload_ratio": 1.0} if stage == "3" else {}
-    plan = make_plan(llama7b, a100, Workload(zero_stage=stage, offload_optimizer="cpu", **pins))
+    plan = make_plan(llama7b, a100, Workload(zero_stage=stage, offload_optimizer="cpu", **pins), resolve_rates(a100))
     config = dsconfig.render(plan)
     estimate, partial, own = expected_win(config, plan)
     usable = usable_gpu_bytes(a100)
     faster, slower = partial.timing.expected_seconds, own.timing.expected_seconds
-    finding = only(lint.lint(config, plan, 1), lint_modes.OFFLOAD_OPTIMIZER)
+    finding = only(lint.lint(config, plan, 1), lint_partial.OFFLOAD_OPTIMIZER)
     assert finding.level == "warning"
     assert finding.message == (
         f"a full offload leaves the GPU {fmt_bytes(usable - estimate.gpu_bytes_per_device)} idle: ZeRO-3 with "
@@ -417,16 +428,18 @@ def test_a_full_offload_that_leaves_a_partial_offloads_win_unused(llama7b, a100,
 
 def test_no_unused_gpu_warning_without_room_or_without_a_gpu(llama7b, cpu_host_plan):
     rtx = load_host_spec(host_path("1x-rtx4090-24g-192g"))
-    plan = make_plan(llama7b, rtx, Workload())
+    plan = make_plan(llama7b, rtx, Workload(), resolve_rates(rtx))
     assert plan.chosen.strategy.label == "ZeRO-2 + opt->cpu"  # the planner's own pick: a partial offload is slower
     assert lint.lint(dsconfig.render(plan), plan, 1) == []
     # ZeRO-3: one of 19 sub-groups fits next to it (predicted ~3 % faster): no obvious win
-    full3 = make_plan(llama7b, rtx, Workload(zero_stage="3", offload_optimizer="cpu", offload_ratio=1.0))
+    full3 = make_plan(
+        llama7b, rtx, Workload(zero_stage="3", offload_optimizer="cpu", offload_ratio=1.0), resolve_rates(rtx)
+    )
     config = dsconfig.render(full3)
     _, partial, own = expected_win(config, full3)
     assert (
         partial is not None
-        and own.timing.expected_seconds < lint_modes.PARTIAL_OFFLOAD_WIN * partial.timing.expected_seconds
+        and own.timing.expected_seconds < lint_partial.PARTIAL_OFFLOAD_WIN * partial.timing.expected_seconds
     )
     assert lint.lint(config, full3, 1) == []
     assert lint.lint(dsconfig.render(cpu_host_plan), cpu_host_plan, 1) == []  # the CPU accelerator
@@ -639,7 +652,7 @@ def test_check_says_a_full_offload_leaves_the_gpu_idle(tmp_path):
     code, report = run_check(tmp_path, config)
     assert code == 0 and report["errors"] == 0
     [finding] = report["findings"]
-    assert finding["path"] == lint_modes.OFFLOAD_OPTIMIZER and finding["message"].startswith(
+    assert finding["path"] == lint_partial.OFFLOAD_OPTIMIZER and finding["message"].startswith(
         "a full offload leaves the GPU"
     )
     code, report = run_check(tmp_path, config, "1x-rtx4090-24g-192g")

@@ -8,7 +8,9 @@ import pytest
 from launcher.config import dsconfig, lint, merge
 from launcher.config.keys import BATCH_KEYS
 from launcher.errors import UserInputError
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 
 HF_STYLE = {
     "train_batch_size": "auto",
@@ -30,7 +32,7 @@ HF_STYLE = {
 
 def test_merge_fills_auto_and_the_user_wins(llama7b, a100):
     pinned = {"zero_stage": "3", "offload_optimizer": "cpu", "offload_param": "none"}  # ZeRO-3 + opt->cpu
-    plan = make_plan(llama7b, a100, Workload(**pinned, micro_batch=2, grad_accum=4))
+    plan = make_plan(llama7b, a100, Workload(**pinned, micro_batch=2, grad_accum=4), resolve_rates(a100))
     generated = dsconfig.render(plan)
     merged = merge.merge_user_config(HF_STYLE, generated)
     zero = merged["zero_optimization"]
@@ -65,7 +67,7 @@ def test_merge_auto_without_a_generated_value_names_every_path(good):
     ],
 )
 def test_merge_adds_missing_batch_keys_consistently(llama7b, a100, user, expected):
-    generated = dsconfig.render(make_plan(llama7b, a100, Workload(micro_batch=2, grad_accum=4)))
+    generated = dsconfig.render(make_plan(llama7b, a100, Workload(micro_batch=2, grad_accum=4), resolve_rates(a100)))
     merged = merge.merge_user_config(user, generated)
     assert tuple(merged[key] for key in BATCH_KEYS) == expected
 
@@ -130,7 +132,10 @@ def test_a_key_deepspeed_ignores_is_a_warning_and_the_run_goes_on(tmp_path):
     from tests.helpers import host_path
 
     plan = make_plan(
-        inspect_model("launcher/demo/tiny-llama"), load_host_spec(host_path("1x-rtx4090-24g")), Workload(zero_stage="3")
+        inspect_model("launcher/demo/tiny-llama"),
+        (h := load_host_spec(host_path("1x-rtx4090-24g"))),
+        Workload(zero_stage="3"),
+        resolve_rates(h),
     )
     user = {
         "zero_optimization": {"stage": 3, "sub_group_size": 1e9},

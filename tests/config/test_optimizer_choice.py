@@ -11,7 +11,9 @@ import torch
 from launcher.config import dsconfig
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -21,7 +23,7 @@ def llama7b():
 
 
 def rendered(model, host: str, **workload) -> dict:
-    plan = make_plan(model, load_host_spec(host_path(host)), Workload(**workload))
+    plan = make_plan(model, (h := load_host_spec(host_path(host))), Workload(**workload), resolve_rates(h))
     config = dsconfig.render(plan)
     dsconfig.validate(config, plan.world_size)
     return config

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data import sources
+from launcher.data import readers
 from launcher.data.sources import inspect_data
 from tests.data.corpus import DOCS, one_line_error, token_rows, write_arrow, write_jsonl, write_parquet
 from tests.helpers import REPO
@@ -335,7 +335,7 @@ def test_corrupt_arrow_offsets_are_caught_before_they_are_read(tmp_path):
 
 
 def refuse_to_open(monkeypatch, path: Path) -> None:
-    """Make `path` unreadable: chmod 000, or for root (who reads anything) an open() in sources.py that refuses."""
+    """Make `path` unreadable: chmod 000, or for root (who reads anything) an open() in readers.py that refuses."""
     if os.geteuid() != 0:
         path.chmod(0)
         return
@@ -346,7 +346,7 @@ def refuse_to_open(monkeypatch, path: Path) -> None:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(sources, "open", refusing, raising=False)
+    monkeypatch.setattr(readers, "open", refusing, raising=False)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".txt", ".csv", ".parquet"])

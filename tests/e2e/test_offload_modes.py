@@ -8,8 +8,9 @@ import json
 import pytest
 
 from launcher.inspection.model import inspect_model
-from launcher.plan import memory
+from launcher.plan import subgroups
 from launcher.plan.capacity import partial_offload_sub_group_size
+from launcher.plan.shapes import ModelShape
 from tests.e2e.conftest import check_run, read_metrics, run_launch, swapping_model
 
 pytestmark = pytest.mark.e2e
@@ -26,8 +27,8 @@ def test_partial_optimizer_offload_trains_checkpoints_and_resumes(tiny_model, ti
     # DeepSpeed built as many sub-groups as the plan counted, and keeps half of them on the device
     model = inspect_model(str(tiny_model))
     assert zero["sub_group_size"] == partial_offload_sub_group_size(model.params, 1)
-    shape = memory.ModelShape(model.params, model.largest_param_numel, 0, 0, 0, 0, 0, model.param_numels)
-    groups = memory.stage3_subgroups(shape, 1, zero["sub_group_size"])
+    shape = ModelShape(model.params, model.largest_param_numel, 0, 0, 0, 0, 0, model.param_numels)
+    groups = subgroups.stage3_subgroups(shape, 1, zero["sub_group_size"])
     assert run["optimizer_subgroups"] == {"device": len(groups) // 2, "cpu": len(groups) - len(groups) // 2}
     assert len(groups) >= 10
     plan = json.loads((out / "plan.json").read_text())
@@ -73,7 +74,7 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
     updates = [m["update"] for m in read_metrics(out)]
     boundaries, others = updates[2::3], [u for i, u in enumerate(updates) if i % 3 != 2]
     assert min(boundaries[1:]) > 3 * max(others), updates
-    # the optimizer process's memory is measured (a child of the rank) and predicted (memory.py [ZenFlow])
+    # the optimizer process's memory is measured (a child of the rank) and predicted (host_buffers.py [ZenFlow])
     # (without the child's RSS the ratio falls to ~0.5: its 0.5 GiB baseline and moments are predicted, not measured)
     assert 0.65 < run["ratios"]["cpu_bytes_per_node"] < 1.35, run["ratios"]
 
@@ -114,7 +115,7 @@ def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
 
 
 def test_activations_kept_in_cpu_memory_train(tiny_model, tiny_data, tmp_path):
-    """--offload-activations cpu wraps each forward in torch.autograd.graph.save_on_cpu (memory.py [act-offload]):
+    """--offload-activations cpu wraps each forward in torch.autograd.graph.save_on_cpu (host_buffers.py [act-offload]):
     on the CPU accelerator the saved tensors are copied, not pinned, and training is the same."""
     out = tmp_path / "run"
     args = ("--zero-stage", "2", "--offload-optimizer", "cpu", "--offload-activations", "cpu", "--steps", "6")

@@ -10,7 +10,7 @@ Bands, as predicted / measured:
   Adam states for 340 M parameters without offload), and the measurement is the plan's own quantity (the
   step's peak reservation plus the CUDA context, NCCL and cuBLAS outside the allocator, max over ranks).
   CPU memory per node [0.5, 2.0]: at this size it is mostly the process baseline, which with CUDA is an
-  estimate never measured (launcher/plan/memory.py PROCESS_BASELINE_BYTES_CUDA); a factor of two still
+  estimate never measured (launcher/plan/host_buffers.py PROCESS_BASELINE_BYTES_CUDA); a factor of two still
   catches a term counted per rank instead of per node, or a missing pinned buffer.
   Step time: reported, not banded. A step of this model is milliseconds of kernel launches and Python,
   which the time model (FLOPs, PCIe, CPU-Adam rates) is not meant to describe, and the GPU rate is a

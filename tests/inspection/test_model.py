@@ -8,7 +8,8 @@ import time
 import pytest
 
 from launcher.errors import UserInputError
-from launcher.inspection.model import bundled_aliases, bundled_ids, inspect_model
+from launcher.inspection.model import inspect_model
+from launcher.inspection.model_config import bundled_aliases, bundled_ids
 from tests.helpers import save_config, tiny_bart, tiny_bert, tiny_llama_config, tiny_t5
 
 
@@ -180,7 +181,7 @@ def test_encoder_decoder_blocks_are_told_apart_by_stack(tmp_path):
 
 
 def test_cut_to_layers_cuts_both_stacks_of_an_encoder_decoder():
-    from launcher.inspection.model import cut_to_layers
+    from launcher.inspection.model_config import cut_to_layers
 
     t5, bart = tiny_t5(num_layers=4, num_decoder_layers=4), tiny_bart()
     cut_to_layers(t5, 1)

@@ -148,12 +148,15 @@ def test_epochs_become_optimizer_steps():
     from launcher.inspection.hostspec import load_host_spec
     from launcher.inspection.model import inspect_model
     from launcher.job.prepare import steps_for_epochs
-    from launcher.plan.planner import Workload, make_plan
+    from launcher.plan.planner import make_plan
+    from launcher.plan.rates import resolve_rates
+    from launcher.plan.workload import Workload
 
     plan = make_plan(
         inspect_model("gpt2"),
-        load_host_spec(host_path("8x-a100-80g")),
+        (h := load_host_spec(host_path("8x-a100-80g"))),
         Workload(micro_batch=2, grad_accum=4, seq_len=512),
+        resolve_rates(h),
     )
     # 8 ranks x 2 sequences x 4 micro-batches = 64 blocks per optimizer step
     assert steps_for_epochs(1, 640, plan) == 10
@@ -195,7 +198,7 @@ def live_launch(tmp_path, tiny_llama_dir, host: str, **typed) -> launch.LaunchSp
 
     from launcher import settings
     from launcher.job import prepare
-    from launcher.plan.build import build_plan
+    from launcher.job.planning import build_plan
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "hello world"}\n')
@@ -318,7 +321,7 @@ def test_deepspeeds_runner_puts_the_ranks_on_the_selected_gpus(monkeypatch, devi
 
 
 def test_the_ranks_get_the_allocator_setting_the_plan_counted():
-    from launcher.plan import memory
+    from launcher.plan import host_buffers
 
     spec = launch.LaunchSpec(
         run_spec_path="/o/run_spec.json",
@@ -326,9 +329,9 @@ def test_the_ranks_get_the_allocator_setting_the_plan_counted():
         accelerator="cuda",
         cpu_cores=8,
         master_port=29500,
-        alloc_conf=memory.PINNED_ALLOC_CONF,
+        alloc_conf=host_buffers.PINNED_ALLOC_CONF,
     )
-    assert launch.build_command(spec)[1]["PYTORCH_ALLOC_CONF"] == memory.PINNED_ALLOC_CONF
+    assert launch.build_command(spec)[1]["PYTORCH_ALLOC_CONF"] == host_buffers.PINNED_ALLOC_CONF
     unset = launch.build_command(launch.LaunchSpec("/o/run_spec.json", 1, "cuda", 8, 29500))[1]
     assert "PYTORCH_ALLOC_CONF" not in unset
 

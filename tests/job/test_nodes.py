@@ -11,7 +11,7 @@ import pytest
 from launcher import settings
 from launcher.errors import UserInputError
 from launcher.job import launch, nodes, prepare
-from launcher.plan.build import build_plan, hostfile_hosts
+from launcher.job.planning import build_plan, hostfile_hosts
 from tests.helpers import REPO, host_path
 
 DEMO = REPO / "launcher" / "demo"

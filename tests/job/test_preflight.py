@@ -16,7 +16,9 @@ from launcher.inspection.host import inspect_host
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.job import preflight
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import REPO, host_path
 
 
@@ -27,7 +29,12 @@ def live(plan, **host_changes):
 
 @pytest.fixture(scope="module")
 def llama7b_on_a100():
-    return make_plan(inspect_model("meta-llama/Llama-2-7b"), load_host_spec(host_path("1x-a100-80g")), Workload())
+    return make_plan(
+        inspect_model("meta-llama/Llama-2-7b"),
+        (h := load_host_spec(host_path("1x-a100-80g"))),
+        Workload(),
+        resolve_rates(h),
+    )
 
 
 @pytest.fixture
@@ -72,7 +79,7 @@ def _plan_from_text(model, text, **workload):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "host.yaml"
         path.write_text(text)
-        return make_plan(model, load_host_spec(str(path)), Workload(**workload))
+        return make_plan(model, (h := load_host_spec(str(path))), Workload(**workload), resolve_rates(h))
 
 
 def test_memlock_does_not_bound_torch_pinned_cpu_offload(llama7b_on_a100, bound_by_memlock):
@@ -121,7 +128,14 @@ def _toolkit_problem(plan, config=None):
 
 
 def test_gpu_plan_without_offload_needs_no_cuda_toolkit(no_cuda_toolkit):
-    plan = live(make_plan(inspect_model("meta-llama/Llama-2-7b"), load_host_spec(host_path("8x-a100-80g")), Workload()))
+    plan = live(
+        make_plan(
+            inspect_model("meta-llama/Llama-2-7b"),
+            (h := load_host_spec(host_path("8x-a100-80g"))),
+            Workload(),
+            resolve_rates(h),
+        )
+    )
     assert not plan.chosen.strategy.offloads
     assert preflight.cuda_ops_needed(plan) == []
     assert _toolkit_problem(plan) is None
@@ -130,7 +144,14 @@ def test_gpu_plan_without_offload_needs_no_cuda_toolkit(no_cuda_toolkit):
 def test_config_that_turns_torch_adam_off_needs_nvcc_for_fused_adam(no_cuda_toolkit):
     from launcher.config import dsconfig
 
-    plan = live(make_plan(inspect_model("meta-llama/Llama-2-7b"), load_host_spec(host_path("8x-a100-80g")), Workload()))
+    plan = live(
+        make_plan(
+            inspect_model("meta-llama/Llama-2-7b"),
+            (h := load_host_spec(host_path("8x-a100-80g"))),
+            Workload(),
+            resolve_rates(h),
+        )
+    )
     config = dsconfig.render(plan)
     config["optimizer"]["params"].pop("torch_adam")
     problem = _toolkit_problem(plan, config)
@@ -172,7 +193,12 @@ def test_nvcc_release_is_read_like_deepspeed_reads_it(tmp_path):
 
 
 def test_shm_too_small_for_cpu_ranks(tiny_llama_dir, small_shm):
-    plan = make_plan(inspect_model(str(tiny_llama_dir)), inspect_host(), Workload(num_gpus=2, seq_len=64))
+    plan = make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := inspect_host()),
+        Workload(num_gpus=2, seq_len=64),
+        resolve_rates(h),
+    )
     shm = next(p for p in preflight.find_problems(plan) if p.check == "shm")
     assert "2 ranks on this node need 132.0 MiB" in shm.message and "--shm-size=1g" in shm.message
 
@@ -203,7 +229,12 @@ def test_dry_run_prints_failed_checks_as_warnings(tiny_llama_dir, small_shm, tmp
 
 def test_ops_this_machine_builds(tiny_llama_dir):
     """async_io (libaio-dev, installed by make install) and CPU-Adam are usable here: no problem reported."""
-    plan = make_plan(inspect_model(str(tiny_llama_dir)), inspect_host(), Workload(offload_optimizer="cpu", seq_len=64))
+    plan = make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := inspect_host()),
+        Workload(offload_optimizer="cpu", seq_len=64),
+        resolve_rates(h),
+    )
     assert [p for p in preflight.find_problems(plan) if p.check in ("cpu_adam", "async_io")] == []
     assert preflight.cpu_adam_buildable()
 
@@ -213,8 +244,9 @@ def test_unusable_async_io_names_the_package(tiny_llama_dir, tmp_path, monkeypat
     nvme.mkdir()
     plan = make_plan(
         inspect_model(str(tiny_llama_dir)),
-        inspect_host(str(nvme)),
+        (h := inspect_host(str(nvme))),
         Workload(zero_stage="3", offload_param="nvme", nvme_path=str(nvme), seq_len=64),
+        resolve_rates(h),
     )
     monkeypatch.setattr(preflight, "aio_usable", lambda: False)  # as on a machine without libaio
     aio = next(p for p in preflight.find_problems(plan) if p.check == "async_io")

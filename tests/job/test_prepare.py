@@ -14,8 +14,8 @@ from launcher import settings
 from launcher.config.final import UserConfig, user_pins
 from launcher.errors import UserInputError
 from launcher.job import prepare, rundir
+from launcher.job.planning import build_plan
 from launcher.job.spec import RunSpec
-from launcher.plan.build import build_plan
 from tests.helpers import REPO, host_path
 
 DEMO = REPO / "launcher" / "demo"

@@ -13,9 +13,9 @@ import pytest
 
 from launcher import settings
 from launcher.errors import UserInputError
-from launcher.job import rundir
+from launcher.job import resume, rundir
+from launcher.job.planning import build_plan
 from launcher.job.spec import RunSpec
-from launcher.plan.build import build_plan
 from tests.helpers import REPO, host_path
 
 MODEL = REPO / "launcher" / "demo" / "tiny-llama"
@@ -99,7 +99,7 @@ def test_a_run_folder_of_an_earlier_version_is_recognised_but_its_checkpoints_ar
     (out / "metrics.jsonl").write_text("")
     marker = rundir.check_folder(out, "train", force=False).marker
     assert marker["legacy"] and marker["made"] == ["metrics.jsonl", "run_spec.json"]
-    check = rundir.resume_changes(None, {"steps": 3}, 2, legacy=True)
+    check = resume.resume_changes(None, {"steps": 3}, 2, legacy=True)
     assert "an earlier offload-launch wrote it without recording its settings" in check.problems[0]
 
 
@@ -180,62 +180,6 @@ def test_leave_no_trace_takes_back_a_new_folder_whose_run_never_started(tmp_path
     assert not out.exists()
 
 
-# ------------------------------------------------------------------------------------------- resume
-
-IDENTITY = {
-    "model": "/m/a",
-    "model_shape": {"architecture": "LlamaForCausalLM", "params": 1000},
-    "data_path": "/d/x",
-    "data": {"blocks": 2463, "sha256": "aa"},
-    "seq_len": 64,
-    "micro_batch": 2,
-    "grad_accum": 1,
-    "world_size": 1,
-    "zero_stage": 1,
-    "offload_optimizer": "none",
-    "offload_param": "none",
-    "precision": "bf16",
-    "optimizer": {"type": "AdamW", "params": {"lr": 1.3e-5}},
-    "schedule": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 4}},
-    "seed": 0,
-    "steps": 6,
-}
-
-
-@pytest.mark.parametrize(
-    ("change", "says"),
-    [
-        ({"seq_len": 128}, "--seq-len is 128 (the checkpoint's run used 64)"),
-        ({"micro_batch": 4}, "--micro-batch is 4 (the checkpoint's run used 2)"),
-        ({"grad_accum": 2}, "--grad-accum is 2 (the checkpoint's run used 1)"),
-        ({"world_size": 2}, "the number of ranks (--num-gpus, --hostfile) is 2 (the checkpoint's run used 1)"),
-        ({"zero_stage": 3}, "--zero-stage is 3 (the checkpoint's run used 1)"),
-        ({"offload_optimizer": "cpu"}, "--offload-optimizer is cpu (the checkpoint's run used none)"),
-        ({"optimizer": {"type": "AdamW", "params": {"lr": 6.25e-3}}}, "the optimizer (--lr, "),
-        ({"data": {"blocks": 87, "sha256": "bb"}}, "(--data) changed (blocks 2463 -> 87, sha256 aa -> bb)"),
-        ({"model_shape": {"architecture": "LlamaForCausalLM", "params": 9}}, "(--model) changed (params 1000 -> 9)"),
-        ({"seed": 1}, "--seed (the data order) is 1"),
-        ({"steps": 3}, "--steps 3 is behind the checkpoint at step 6: pass --steps 6 or more"),
-        ({"checkpoints": "/local/offload-launch-ab"}, "(--node-local-checkpoints) is /local/offload-launch-ab (the "
-         "checkpoint's run used OUT/checkpoints)"),  # IDENTITY predates the key: it was shared
-    ],
-)  # fmt: skip
-def test_a_change_that_alters_what_the_checkpoint_means_is_refused_with_the_exact_difference(change, says):
-    check = rundir.resume_changes(IDENTITY, {**IDENTITY, **change}, 6)
-    assert [says in problem for problem in check.problems] == [True], check.problems
-    line = rundir.refusal(Path("runs/x"), check)
-    assert "\n" not in line and "--no-resume to start over" in line and "rerun the same command" not in line
-
-
-def test_more_steps_and_moved_files_with_the_same_contents_are_stated_not_refused():
-    moved = {**IDENTITY, "steps": 10, "data_path": "/elsewhere/x", "model": "/elsewhere/m"}
-    check = rundir.resume_changes(IDENTITY, moved, 6)
-    assert check.problems == () and len(check.notes) == 3
-    assert "resuming after step 6; the learning-rate decay now ends at step 10" in check.notes[0]
-    unknown_data = {**IDENTITY, "data": None, "data_path": "/elsewhere/x"}  # a dry run: not tokenized
-    assert rundir.resume_changes(IDENTITY, unknown_data, 6) == rundir.ResumeCheck(6)
-
-
 def test_node_local_checkpoints_resume_from_the_newest_step_every_node_folder_has(tmp_path):
     root = Path(rundir.node_local_root(str(tmp_path / "local"), tmp_path / "out"))
     assert root.parent == tmp_path / "local" and root.name.startswith(rundir.SWAP_PREFIX)
@@ -251,10 +195,6 @@ def test_node_local_checkpoints_resume_from_the_newest_step_every_node_folder_ha
     complete(1, 4)
     assert rundir.newest_checkpoint_step(tmp_path / "out", str(root)) == 4
     assert rundir.newest_checkpoint_step(tmp_path / "out") == 0  # OUT/checkpoints is another place
-
-
-def test_nothing_to_resume_means_nothing_to_compare():
-    assert rundir.resume_changes(IDENTITY, {**IDENTITY, "seq_len": 9}, 0) == rundir.ResumeCheck(0)
 
 
 def test_report_claims_its_image_and_never_replaces_somebody_elses(tmp_path):

@@ -20,7 +20,9 @@ from launcher.errors import UserInputError
 from launcher.inspection.host import inspect_host, inspect_nvme, memory_backed_mount, mount_of, parse_mountinfo
 from launcher.inspection.model import inspect_model
 from launcher.job import launch, preflight
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import offload_launch
 
 SHM = Path("/dev/shm")
@@ -236,7 +238,12 @@ def test_a_process_that_cannot_be_read_and_may_be_a_rank_blocks_removal(tmp_path
 
 @pytest.fixture
 def plan(tiny_llama_dir):
-    return make_plan(inspect_model(str(tiny_llama_dir)), inspect_host(), Workload(num_gpus=2, seq_len=64))
+    return make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := inspect_host()),
+        Workload(num_gpus=2, seq_len=64),
+        resolve_rates(h),
+    )
 
 
 def test_a_real_run_frees_them_a_dry_run_only_says_so(plan, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 from launcher import settings
 from launcher.errors import Stopped, UserInputError
 from launcher.job import launch, rundir, train
-from launcher.plan.build import build_plan
+from launcher.job.planning import build_plan
 from tests.helpers import REPO, host_path
 
 DEMO = REPO / "launcher" / "demo"

@@ -10,7 +10,9 @@ import pytest
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan import calibration
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from launcher.views import plan_view
 from tests.helpers import host_path
 
@@ -67,11 +69,11 @@ def llama7b():
 
 def test_the_plan_ranks_by_the_calibrated_step_and_shows_both(llama7b):
     host = load_host_spec(host_path("1x-rtx4090-24g-192g"))
-    first = make_plan(llama7b, host, Workload())
+    first = make_plan(llama7b, host, Workload(), resolve_rates(host))
     assert first.chosen.strategy.label == "ZeRO-2 + opt->cpu"
     # finished runs of the chosen strategy took three times the predicted update: the runner-up overtakes it
     slow = {"ZeRO-2 + opt->cpu": calibration.Factors(passes=1.0, update=3.0, runs=4)}
-    plan = make_plan(llama7b, host, Workload(), calibration=slow)
+    plan = make_plan(llama7b, host, Workload(), resolve_rates(host), calibration=slow)
     zero2 = next(c for c in plan.candidates if c.strategy.label == "ZeRO-2 + opt->cpu")
     t = zero2.timing
     assert t.calibrated_step_seconds == pytest.approx(t.passes_seconds + 3 * t.update_seconds)
@@ -91,6 +93,6 @@ def test_the_plan_ranks_by_the_calibrated_step_and_shows_both(llama7b):
 def test_the_chosen_calibrated_step_says_by_how_many_runs(llama7b):
     host = load_host_spec(host_path("1x-rtx4090-24g-192g"))
     factors = {"ZeRO-2 + opt->cpu": calibration.Factors(passes=1.1, update=0.9, runs=2)}
-    plan = make_plan(llama7b, host, Workload(), calibration=factors)
+    plan = make_plan(llama7b, host, Workload(), resolve_rates(host), calibration=factors)
     text = plan_view.plan_text(plan, None)
     assert "calibrated by 2 finished runs of this strategy on this host (measured / predicted: passes x1.10" in text

@@ -7,7 +7,9 @@ import pytest
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan.capacity import aligned_partition_numel
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -18,7 +20,7 @@ def llama70b():
 
 def plan_for(model, host_text_or_name, write_host=None, **workload):
     path = host_path(host_text_or_name) if write_host is None else write_host(host_text_or_name)
-    return make_plan(model, load_host_spec(path), Workload(**workload))
+    return make_plan(model, (h := load_host_spec(path)), Workload(**workload), resolve_rates(h))
 
 
 def test_param_buffer_holds_the_largest_swapped_partition():
@@ -49,14 +51,14 @@ def test_zero3_live_parameters_are_sized_per_plan_and_written_as_counted(llama70
     import json
 
     from launcher.config import dsconfig
-    from launcher.plan import memory
+    from launcher.plan.strategy import DS_MAX_LIVE_PARAMETERS
     from launcher.resources import resource_path
 
     template = json.loads((resource_path("templates") / "zero3.json").read_text())["zero_optimization"]
     assert "stage3_max_live_parameters" not in template and "stage3_max_reuse_distance" not in template
     llama7b = inspect_model("meta-llama/Llama-2-7b-hf")
     # 7B: two blocks of 202 M, under DeepSpeed's 1e9; 70B: two blocks of 856 M, capped at DeepSpeed's 1e9
-    for model, limit in ((llama7b, 2 * llama7b.layer_params), (llama70b, memory.DS_MAX_LIVE_PARAMETERS)):
+    for model, limit in ((llama7b, 2 * llama7b.layer_params), (llama70b, DS_MAX_LIVE_PARAMETERS)):
         assert limit == min(2 * model.layer_params, 10**9)
         plan = plan_for(model, "8x-h100-80g", zero_stage="3")
         buckets = plan.chosen.buckets
@@ -69,6 +71,7 @@ def test_zero3_live_parameters_are_sized_per_plan_and_written_as_counted(llama70
 
 def test_zero3_live_limit_never_exceeds_deepspeeds_default():
     from launcher.plan import memory
+    from launcher.plan.strategy import DS_MAX_LIVE_PARAMETERS
 
-    assert memory.zero3_live_parameter_limit(10**9) == memory.DS_MAX_LIVE_PARAMETERS
+    assert memory.zero3_live_parameter_limit(10**9) == DS_MAX_LIVE_PARAMETERS
     assert memory.zero3_live_parameter_limit(1000) == 2000

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from launcher.inspection.hostspec import load_host_spec
-from launcher.plan import memory
-from launcher.plan.memory import Strategy, model_states
+from launcher.plan import host_buffers, memory, subgroups
+from launcher.plan.memory import model_states
+from launcher.plan.shapes import ModelShape
+from launcher.plan.strategy import Buckets, Strategy
 from tests.helpers import host_path
 
 SEVEN_B = 7 * 10**9  # the seeds' round 7B
@@ -59,10 +61,10 @@ def _buckets(**kw):
         max_in_cpu=10**9,
     )
     fields.update(kw)
-    return memory.Buckets(**fields)
+    return Buckets(**fields)
 
 
-SHAPE = memory.ModelShape(
+SHAPE = ModelShape(
     params=SEVEN_B,
     largest_param_numel=131_072_000,
     layer_params=202_383_360,
@@ -178,7 +180,7 @@ def test_cpu_accelerator_counts_device_memory_in_ram():
 
 # Llama-2-70B-like: 68,976,648,192 params over 8 ranks -> an 8.62e9-element partition, 34.5 GB in fp32:
 # above 2^35 B (32 GiB), so torch's caching host allocator takes 64 GiB for it.
-SEVENTY_B = memory.ModelShape(
+SEVENTY_B = ModelShape(
     params=68_976_648_192,
     largest_param_numel=262_144_000,
     layer_params=855_654_400,
@@ -205,14 +207,6 @@ def _estimate_shape(shape, strategy, world, **kw):
     )
 
 
-def test_pinned_rounding_is_torch_power_of_two():
-    assert memory.pinned_bytes(34_488_324_096) == 64 * GiB  # the issue's 35 GB fp32 partition
-    assert memory.pinned_bytes(32 * GiB) == 32 * GiB and memory.pinned_bytes(1) == 1
-    assert memory.pinned_bytes(100 * 2**20, memory.PINNED_ROUND_LIMIT_BYTES) == 100 * 2**20  # above the limit
-    assert memory.pinned_bytes(40 * 2**20, memory.PINNED_ROUND_LIMIT_BYTES) == 64 * 2**20
-    assert memory.PINNED_ALLOC_CONF == "pinned_max_round_threshold_mb:64,pinned_max_cached_size_mb:64"
-
-
 def test_zero2_offload_70b_pins_partitions_rounded_and_the_16bit_staging_buffer():
     est = _estimate_shape(SEVENTY_B, Strategy(2, "cpu"), 8)
     partition = SEVENTY_B.params // 8
@@ -232,17 +226,17 @@ def test_zero3_offload_70b_pins_the_16bit_gradient_partition_and_each_subgroup_g
     partition = SEVENTY_B.params // 8
     per_rank = {k: v // 8 for k, v in est.cpu_terms.items()}
     assert per_rank["16-bit gradient partition"] == 2 * partition
-    groups = memory.stage3_subgroup_numels(
-        partition, 10**9, memory.optimizer_subgroup_numel(SEVENTY_B.params, 8, 10**9, SEVENTY_B.largest_param_numel)
+    groups = subgroups.stage3_subgroup_numels(
+        partition, 10**9, subgroups.optimizer_subgroup_numel(SEVENTY_B.params, 8, 10**9, SEVENTY_B.largest_param_numel)
     )
     assert len(groups) == 9 and sum(groups) >= partition
     # 17.2 GB -> 32 GiB, and each ~4.1 GB fp32 sub-group gradient -> 4 GiB / 8 GiB
-    expected = 32 * GiB - 2 * partition + sum(memory.pinned_bytes(4 * k) - 4 * k for k in groups)
+    expected = 32 * GiB - 2 * partition + sum(host_buffers.pinned_bytes(4 * k) - 4 * k for k in groups)
     assert per_rank["pinned rounding (torch host allocator)"] == expected
 
 
 def test_small_model_rounding_and_what_turns_it_off():
-    small = memory.ModelShape(
+    small = ModelShape(
         params=124_439_808,
         largest_param_numel=38_597_376,
         layer_params=7_087_872,
@@ -259,7 +253,11 @@ def test_small_model_rounding_and_what_turns_it_off():
         2 * (512 * 2**20 - 4 * p) + (256 * 2**20 - 2 * p) + (128 * 2**20 - 2 * big)
     )
     # exact sizes: pinning off, the CPU accelerator (pin_memory() is a no-op), or the allocator's limit
-    for kw in ({"pin_memory": False}, {"has_gpu": False}, {"pinned_round_limit": memory.PINNED_ROUND_LIMIT_BYTES}):
+    for kw in (
+        {"pin_memory": False},
+        {"has_gpu": False},
+        {"pinned_round_limit": host_buffers.PINNED_ROUND_LIMIT_BYTES},
+    ):
         exact = _estimate_shape(small, Strategy(2, "cpu"), 1, **kw)
         assert "pinned rounding (torch host allocator)" not in exact.cpu_terms, kw
         assert exact.cpu_terms["16-bit staging partition"] == 2 * p
@@ -272,7 +270,7 @@ def test_zero3_param_offload_flat_buffer_is_pinned_even_without_pin_memory():
 
 
 def test_gradient_accumulation_pins_a_buffer_per_param():
-    shape = memory.ModelShape(**{**SHAPE.__dict__, "param_numels": (131_072_000, 50_000_000)})
+    shape = ModelShape(**{**SHAPE.__dict__, "param_numels": (131_072_000, 50_000_000)})
     one = _estimate_shape(shape, Strategy(2, "cpu"), 1)
     four = _estimate_shape(shape, Strategy(2, "cpu"), 1, grad_accum=4)
     assert "gradient accumulation buffers" not in one.cpu_terms
@@ -304,7 +302,7 @@ def test_zero3_gpu_counts_the_live_parameter_bound():
 
 
 def test_live_parameters_never_exceed_the_partitioned_model():
-    tiny = memory.ModelShape(
+    tiny = ModelShape(
         params=4_000_000,
         largest_param_numel=1_000_000,
         layer_params=500_000,
@@ -320,27 +318,6 @@ def test_live_parameters_never_exceed_the_partitioned_model():
 def test_per_plan_live_parameter_limit_is_two_blocks_at_most_deepspeeds_default():
     assert memory.zero3_live_parameter_limit(202_383_360) == 404_766_720  # Llama-2-7B block
     assert memory.zero3_live_parameter_limit(855_654_400) == 10**9  # Llama-2-70B: DeepSpeed's default
-
-
-@pytest.mark.parametrize(
-    ("accelerator", "environ", "torch", "local", "expected"),
-    [
-        ("cuda", {}, "2.13.0+cu128", True, memory.PINNED_ALLOC_CONF),  # the one case torch is told
-        ("cuda", {}, "2.14.1", True, memory.PINNED_ALLOC_CONF),
-        ("cuda", {}, "2.12.0+cu124", True, None),  # the keys do not exist before 2.13
-        ("cuda", {}, "garbage", True, None),
-        ("cuda", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "2.13.0", True, None),  # the user's wins
-        ("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "x"}, "2.13.0", True, None),
-        ("cuda", {}, "2.13.0", False, None),  # --hostfile: other machines, their torch unknown
-        ("cpu", {}, "2.13.0", True, None),  # no CUDA host allocator
-    ],
-)
-def test_the_allocator_setting_is_one_decision_for_the_estimate_and_the_ranks(
-    accelerator, environ, torch, local, expected
-):
-    conf = memory.pinned_alloc_conf(accelerator, environ, torch, local_ranks=local)
-    assert conf == expected
-    assert memory.pinned_round_limit(conf) == (memory.PINNED_ROUND_LIMIT_BYTES if expected else None)
 
 
 # ------------------------------------------------------------------------------------------ model families (issue 16)
@@ -375,8 +352,8 @@ def test_t5_11b_activations_and_offloaded_tensors():
         memory.activation_bytes(s, 1, h, 48, True, cross_attention_layers=24, attention_width=d)
         == ((2 * 48 + 2) * h + (26 * h + 8 * d) + (5 * h + 8 * d)) * s
     )
-    saved = memory.offloaded_activation_numels(s, 1, h, 48, 32_128, cross_attention_layers=24)
+    saved = host_buffers.offloaded_activation_numels(s, 1, h, 48, 32_128, cross_attention_layers=24)
     assert len(saved) == 48 + 4 + 1  # each block's input, each stack's final norm in and out, the logits
     host = load_host_spec(host_path("1x-a100-80g"))
-    shape = model_shape(t5, size_buckets(t5, host, memory.Strategy(3, "cpu"), 1, 1))
+    shape = model_shape(t5, size_buckets(t5, host, Strategy(3, "cpu"), 1, 1))
     assert (shape.cross_attention_layers, shape.attention_width, shape.num_layers) == (24, d, 48)

@@ -12,10 +12,15 @@ import pytest
 from launcher import settings
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
+from launcher.job.planning import build_plan
 from launcher.plan import network, timing
-from launcher.plan.build import build_plan
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.compute import backward_share
+from launcher.plan.framework import STEP_FIXED_SECONDS
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.shapes import Shape
+from launcher.plan.strategy import Strategy
+from launcher.plan.workload import Workload
 from launcher.views import plan_view
 from tests.helpers import host_path
 from tests.plan.test_timing import SEEDS_RATES as RATES  # the seeds' rates: 150 TFLOP/s, PCIe 4.0 at 32 GB/s
@@ -30,7 +35,7 @@ ONCE_16 = 15 / 16 * 2 * SEVEN_B  # one all-gather (or reduce-scatter) of 7e9 16-
 
 
 def step(strategy: Strategy, *, world: int = 16, ranks: int = 8, accum: int = 1, **links) -> timing.StepEstimate:
-    shape = timing.Shape(SEVEN_B, SEVEN_B, seq_len=2048, grad_accum=accum)
+    shape = Shape(SEVEN_B, SEVEN_B, seq_len=2048, grad_accum=accum)
     rates = replace(RATES, **links)
     return timing.estimate_step(shape, strategy, rates, world=world, ranks_per_node=ranks, has_gpu=True)
 
@@ -87,7 +92,7 @@ def test_zero3_on_25_gigabit_ethernet_hand_computed():
     assert zero3.collective_seconds_per_step == pytest.approx(12.6)
     backward = 2 / 3 * COMPUTE_2048
     assert zero3.passes_seconds == pytest.approx(COMPUTE_2048 + (4.2 - backward) + 8.4)
-    assert zero3.update_seconds == pytest.approx(timing.STEP_FIXED_SECONDS)
+    assert zero3.update_seconds == pytest.approx(STEP_FIXED_SECONDS)
 
 
 def test_zero2_on_25_gigabit_ethernet_hand_computed():
@@ -96,7 +101,7 @@ def test_zero2_on_25_gigabit_ethernet_hand_computed():
     zero2 = step(Strategy(2), network_bytes_per_s=ETHERNET_25G)
     assert zero2.collective_bytes_per_step == 39_375_000_000
     assert zero2.passes_seconds == pytest.approx(COMPUTE_2048 + 8.4 - 2 / 3 * COMPUTE_2048)
-    assert zero2.update_seconds == pytest.approx(4.2 + timing.STEP_FIXED_SECONDS)
+    assert zero2.update_seconds == pytest.approx(4.2 + STEP_FIXED_SECONDS)
     assert zero2.offload_overhead_fraction == 0  # the network is not offloading's cost
 
 
@@ -104,7 +109,7 @@ def test_a_fast_network_hides_the_reduction_behind_the_backward():
     # 200 GB/s: the all-reduce's 26.25 GB take 0.131 s < the 0.382 s backward; only the all-gather (0.0656 s) adds
     zero2 = step(Strategy(2), network_bytes_per_s=200 * GB)
     assert zero2.passes_seconds == pytest.approx(COMPUTE_2048)
-    assert zero2.update_seconds == pytest.approx(ONCE_16 / 200e9 + timing.STEP_FIXED_SECONDS)
+    assert zero2.update_seconds == pytest.approx(ONCE_16 / 200e9 + STEP_FIXED_SECONDS)
 
 
 def test_zero1_reduces_behind_the_last_micro_batch_only():
@@ -172,8 +177,8 @@ def test_a_slow_network_flips_zero3_to_zero2_with_the_optimizer_offloaded(llama1
     24.4 GB each), ZeRO-2 2 x 2 + 1 = 5. On InfiniBand (200 GB/s per node) the one it saves is 0.12 s and ZeRO-3,
     which keeps the optimizer on the GPU, wins; on 25 Gb/s Ethernet it is 7.8 s, more than CPU-Adam costs."""
     workload = Workload(grad_accum=2)
-    ib = make_plan(llama13b, two_nodes("ib", 40), workload)
-    ethernet = make_plan(llama13b, two_nodes("25gbe", 40), workload)
+    ib = make_plan(llama13b, (h := two_nodes("ib", 40)), workload, resolve_rates(h))
+    ethernet = make_plan(llama13b, (h := two_nodes("25gbe", 40)), workload, resolve_rates(h))
     assert not candidate(ib, "ZeRO-2").fits
     assert ib.chosen.strategy.label == "ZeRO-3"
     assert ethernet.chosen.strategy.label == "ZeRO-2 + opt->cpu"
@@ -189,19 +194,19 @@ def test_accumulation_costs_zero2_a_reduction_per_micro_batch_and_zero1_one_per_
     reductions hide behind the backward), and on 25 Gb/s Ethernet ZeRO-2 pays its 7 more all-reduces: 2 x 7 x psi /
     3.125 GB/s, less the backward of the 7 more micro-batches they hide behind."""
     workload = Workload(grad_accum=8)
-    ib = make_plan(llama7b, two_nodes("ib"), workload)
-    ethernet = make_plan(llama7b, two_nodes("25gbe"), workload)
+    ib = make_plan(llama7b, (h := two_nodes("ib")), workload, resolve_rates(h))
+    ethernet = make_plan(llama7b, (h := two_nodes("25gbe")), workload, resolve_rates(h))
     assert candidate(ib, "ZeRO-1").timing.step_seconds == pytest.approx(candidate(ib, "ZeRO-2").timing.step_seconds)
     zero1, zero2 = candidate(ethernet, "ZeRO-1").timing, candidate(ethernet, "ZeRO-2").timing
     psi = 15 / 16 * 2 * llama7b.params
-    backward = network.backward_share(recompute=True) * zero1.compute_seconds_per_step  # all 8 micro-batches
+    backward = backward_share(recompute=True) * zero1.compute_seconds_per_step  # all 8 micro-batches
     extra = 2 * 7 * psi / ETHERNET_25G - backward * 7 / 8
     assert zero2.step_seconds - zero1.step_seconds == pytest.approx(extra)
     assert ethernet.chosen.strategy.label == "ZeRO-1"
 
 
 def test_the_network_term_is_in_the_split_the_json_and_the_rates(llama7b):
-    plan = make_plan(llama7b, two_nodes("25gbe"), Workload())
+    plan = make_plan(llama7b, (h := two_nodes("25gbe")), Workload(), resolve_rates(h))
     name, seconds, moved, _colour = plan_view.step_parts(plan)[-1]
     assert (name, seconds, moved) == (
         "network",
@@ -213,17 +218,17 @@ def test_the_network_term_is_in_the_split_the_json_and_the_rates(llama7b):
     terms = plan.chosen.timing.to_json()
     assert terms["collective_bytes_per_step"] == plan.chosen.timing.collective_bytes_per_step > 0
     assert terms["collective_seconds_per_step"] > 0
-    as_json = plan_view.plan_json(plan, None)
+    as_json = plan.to_json(None)
     assert as_json["rates"]["network_bytes_per_s"] == ETHERNET_25G
     assert as_json["rates"]["sources"]["network_bytes_per_s"] == "described"
     assert as_json["host"]["network_bytes_per_s"] == ETHERNET_25G
-    one_node = make_plan(llama7b, load_host_spec(host_path("8x-a100-80g")), Workload())
+    one_node = make_plan(llama7b, (h := load_host_spec(host_path("8x-a100-80g"))), Workload(), resolve_rates(h))
     assert [part[0] for part in plan_view.step_parts(one_node)][-1] == "NVMe"  # nothing charged: no row
 
 
 def test_several_nodes_without_a_described_network_say_which_figure_they_assumed(llama7b, write_host):
     text = "gpus: {count: 8, memory: 80GiB, name: NVIDIA A100-SXM4-80GB}\ncpu_memory: 1TiB\nnodes: 2\n"
-    plan = make_plan(llama7b, load_host_spec(write_host(text)), Workload())
+    plan = make_plan(llama7b, (h := load_host_spec(write_host(text))), Workload(), resolve_rates(h))
     notes = [w for w in plan.warnings if w.startswith("network nominal: ")]
     assert notes == [
         "network nominal: 100 Gb/s per node (12.5 GB/s each way) for the collectives between the 2 nodes; state "
@@ -231,10 +236,15 @@ def test_several_nodes_without_a_described_network_say_which_figure_they_assumed
         "'Several nodes: the network')"
     ]
     assert plan.rates.network_bytes_per_s == 12.5e9 and plan.rates.sources["network_bytes_per_s"] == "nominal"
-    described = make_plan(llama7b, load_host_spec(write_host(text + "network: {bandwidth: 100Gb/s}\n")), Workload())
+    described = make_plan(
+        llama7b,
+        (h := load_host_spec(write_host(text + "network: {bandwidth: 100Gb/s}\n"))),
+        Workload(),
+        resolve_rates(h),
+    )
     assert not any(w.startswith("network nominal") for w in described.warnings)
     assert described.chosen.timing == plan.chosen.timing  # the nominal figure is 100 Gb/s: the same step
-    one_node = make_plan(llama7b, load_host_spec(host_path("8x-a100-80g")), Workload())
+    one_node = make_plan(llama7b, (h := load_host_spec(host_path("8x-a100-80g"))), Workload(), resolve_rates(h))
     assert not any(w.startswith("network nominal") for w in one_node.warnings)
     assert "network_bytes_per_s" not in one_node.rates.sources
 

@@ -16,8 +16,14 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan import features, timing
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, estimate_candidate, make_plan
+from launcher.plan.candidates import Inputs, estimate_candidate
+from launcher.plan.compute import cpu_adam_seconds, device_optimizer_seconds
+from launcher.plan.framework import STEP_FIXED_SECONDS
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import Rates, resolve_rates
+from launcher.plan.shapes import Shape
+from launcher.plan.strategy import Strategy
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -27,12 +33,12 @@ def llama7b():
 
 
 def plan_for(model, name, **workload):
-    return make_plan(model, load_host_spec(host_path(name)), Workload(**workload))
+    return make_plan(model, (h := load_host_spec(host_path(name))), Workload(**workload), resolve_rates(h))
 
 
 def candidate(model, name, strategy, **workload):
     plan = plan_for(model, name, **workload)
-    return estimate_candidate(model, plan.host, plan.workload, strategy, plan.rates, 1, 1)
+    return estimate_candidate(Inputs(model, plan.host, plan.workload, plan.rates, 1, 1), strategy)
 
 
 # ------------------------------------------------------------------------------------------ bf16 states
@@ -73,7 +79,7 @@ def test_bf16_states_are_opt_in_and_the_plan_says_when_only_they_fit(llama7b):
 
 
 def test_nothing_fits_names_what_bf16_states_would_fit(llama7b):
-    from launcher.plan.build import does_not_fit
+    from launcher.plan.fit import does_not_fit
 
     plan = plan_for(llama7b, "1x-rtx4090-24g", offload_optimizer="cpu")
     assert plan.chosen is None
@@ -100,7 +106,7 @@ def test_modes_that_deepspeed_would_refuse_are_one_line(workload, message):
 def test_bf16_states_need_a_gpu_with_bf16(llama7b, write_host):
     v100 = write_host('gpus: {count: 1, memory: 32GiB, name: V100, compute_capability: "7.0"}\ncpu_memory: 256GiB\n')
     with pytest.raises(UserInputError, match="V100 has no bf16"):
-        make_plan(llama7b, load_host_spec(v100), Workload(optimizer_states="bf16"))
+        make_plan(llama7b, (h := load_host_spec(v100)), Workload(optimizer_states="bf16"), resolve_rates(h))
 
 
 # ------------------------------------------------------------------------------------------ ZenFlow
@@ -111,10 +117,10 @@ def test_zenflow_hides_the_cpu_update_behind_the_next_steps_on_a_gpu(llama7b):
     zen = candidate(llama7b, "1x-a100-80g", Strategy(2, "cpu", zenflow_interval=4), seq_len=2048)
     assert zen.strategy.label == "ZeRO-2 + opt->cpu + ZenFlow/4"
     # the host's update (CPU-Adam, copies, the upload) once per 4 steps, hidden behind 4 steps' passes
-    full_update = plain.timing.update_seconds - timing.STEP_FIXED_SECONDS
+    full_update = plain.timing.update_seconds - STEP_FIXED_SECONDS
     assert full_update < 4 * zen.timing.passes_seconds
-    selective = 0.1 * timing.device_optimizer_seconds(llama7b.params, 1, plan_for(llama7b, "1x-a100-80g").rates)
-    assert zen.timing.update_seconds == pytest.approx(selective + timing.STEP_FIXED_SECONDS)
+    selective = 0.1 * device_optimizer_seconds(llama7b.params, 1, plan_for(llama7b, "1x-a100-80g").rates)
+    assert zen.timing.update_seconds == pytest.approx(selective + STEP_FIXED_SECONDS)
     assert zen.timing.step_seconds < 0.5 * plain.timing.step_seconds
     # and what it costs: the optimizer process and its double-buffered moments, a stale copy, overlap gradients
     extra = zen.memory.cpu_bytes - plain.memory.cpu_bytes
@@ -123,14 +129,14 @@ def test_zenflow_hides_the_cpu_update_behind_the_next_steps_on_a_gpu(llama7b):
 
 
 def test_zenflow_on_the_cpu_accelerator_hides_nothing():
-    shape = timing.Shape(10**8, 10**8, layers=8, hidden=1024, param_tensors=80, seq_len=64, micro_batch=4)
-    rates = timing.Rates(1e11, 32e9, 3e8, 2e9, 1e9, {}, cpu_memory_bytes_per_s=2e10, cpu_cores=2)
+    shape = Shape(10**8, 10**8, layers=8, hidden=1024, param_tensors=80, seq_len=64, micro_batch=4)
+    rates = Rates(1e11, 32e9, 3e8, 2e9, 1e9, {}, cpu_memory_bytes_per_s=2e10, cpu_cores=2)
     args = dict(world=1, ranks_per_node=1, has_gpu=False)
     plain = timing.estimate_step(shape, Strategy(2, "cpu"), rates, **args)
     zen = timing.estimate_step(shape, Strategy(2, "cpu", zenflow_interval=4), rates, **args)
-    host_update = plain.update_seconds - timing.STEP_FIXED_SECONDS
-    selective = 0.1 * timing.cpu_adam_seconds(10**8, 1, 1, rates, torch_adam=True)
-    assert zen.update_seconds == pytest.approx(selective + host_update / 4 + timing.STEP_FIXED_SECONDS)
+    host_update = plain.update_seconds - STEP_FIXED_SECONDS
+    selective = 0.1 * cpu_adam_seconds(10**8, 1, 1, rates, torch_adam=True)
+    assert zen.update_seconds == pytest.approx(selective + host_update / 4 + STEP_FIXED_SECONDS)
 
 
 def test_zenflow_config_satisfies_deepspeeds_rules(llama7b):
@@ -157,9 +163,15 @@ def test_zenflow_config_satisfies_deepspeeds_rules(llama7b):
 def test_modes_are_gated_on_the_installed_deepspeed(llama7b):
     old = (0, 12, 0)  # before Twin-Flow, bf16 states with offload and ZenFlow
     host = load_host_spec(host_path("1x-a100-80g"))
-    plan = make_plan(llama7b, host, Workload(), deepspeed_version=old)
+    plan = make_plan(llama7b, host, Workload(), resolve_rates(host), deepspeed_version=old)
     assert not any(c.strategy.partial for c in plan.candidates)
-    small = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g")), Workload(), deepspeed_version=old)
+    small = make_plan(
+        llama7b,
+        (h := load_host_spec(host_path("1x-rtx4090-24g"))),
+        Workload(),
+        resolve_rates(h),
+        deepspeed_version=old,
+    )
     assert small.states_hint is None
     for feature, flag in (
         ("offload_ratio", "--offload-ratio"),
@@ -194,7 +206,7 @@ def test_nvme_swaps_are_pipelined_where_ram_holds_the_buffers(llama7b, write_hos
     dsconfig.validate(config, 1)
     # pipelined, the update pays the longer of CPU-Adam and the swaps and one sub-group's swap; serial, both
     groups = -(-llama7b.params // buckets.sub_group_size)
-    shape = timing.Shape(llama7b.params, llama7b.compute_params, seq_len=2048)
+    shape = Shape(llama7b.params, llama7b.compute_params, seq_len=2048)
     args = dict(world=1, ranks_per_node=1, has_gpu=True)
     serial = timing.estimate_step(shape, plan.chosen.strategy, plan.rates, **args)
     piped = timing.estimate_step(shape, plan.chosen.strategy, plan.rates, **args, pipelined_groups=groups)
@@ -205,19 +217,19 @@ def test_nvme_swaps_are_pipelined_where_ram_holds_the_buffers(llama7b, write_hos
     )
     # little RAM: the buffers of 12 sub-groups of 10 M elements do not fit a tenth of it, the swapper stays serial
     text = "gpus: {count: 1, memory: 24GiB}\ncpu_memory: 32GiB\nnvme: {path: /nvme, free: 2TiB}\n"
-    small = make_plan(llama7b, load_host_spec(write_host(text)), Workload())
+    small = make_plan(llama7b, (h := load_host_spec(write_host(text))), Workload(), resolve_rates(h))
     assert small.chosen is not None and small.chosen.strategy.offload_optimizer == "nvme"
     assert not small.chosen.buckets.pipeline and small.chosen.buckets.optimizer_buffer_count == 4
 
 
 def test_the_first_steps_adam_moments_count_in_ram_whole_when_pipelined_one_sub_group_when_serial(llama7b, write_host):
-    """memory.py [DS-lazy]: DeepSpeedCPUAdam creates m and v unpinned at the first step; the pipelined swapper keeps
-    every sub-group's pair until the next step's swap-in, the serial one frees each at its swap-out."""
-    from launcher.plan.memory import optimizer_subgroup_numel
+    """host_buffers.py [DS-lazy]: DeepSpeedCPUAdam creates m and v unpinned at the first step; the pipelined swapper
+    keeps every sub-group's pair until the next step's swap-in, the serial one frees each at its swap-out."""
+    from launcher.plan.subgroups import optimizer_subgroup_numel
 
     def plan_with_ram(gib: int):
         text = f"gpus: {{count: 1, memory: 24GiB}}\ncpu_memory: {gib}GiB\nnvme: {{path: /nvme, free: 2TiB}}\n"
-        return make_plan(llama7b, load_host_spec(write_host(text)), Workload()).chosen
+        return make_plan(llama7b, (h := load_host_spec(write_host(text))), Workload(), resolve_rates(h)).chosen
 
     term = "first step's new Adam moments (unpinned)"
     piped = plan_with_ram(128)
@@ -242,7 +254,7 @@ PUBLISHED = Path(__file__).parent / "published_models"
 def test_the_zero_offload_tutorials_gpt2_10b_fits_one_v100_with_its_activations_on_the_cpu(write_host):
     """DeepSpeed's ZeRO-Offload tutorial trains GPT-2 10B at batch 10 x 1024 tokens on one 32 GB V100 with ZeRO-2
     and the optimizer on the CPU, measured 26.07 s/step (tests/plan/published_runs.yaml). Its activations do not
-    fit beside the weights on the GPU; in CPU memory (memory.py [act-offload]) they do."""
+    fit beside the weights on the GPU; in CPU memory (host_buffers.py [act-offload]) they do."""
     model = inspect_model(str(PUBLISHED / "gpt2-10b-megatron"))
     v100 = load_host_spec(
         write_host(
@@ -251,7 +263,7 @@ def test_the_zero_offload_tutorials_gpt2_10b_fits_one_v100_with_its_activations_
         )
     )
     asked = dict(zero_stage="2", offload_optimizer="cpu", micro_batch=10, seq_len=1024, precision="fp16")
-    plan = make_plan(model, v100, Workload(**asked))
+    plan = make_plan(model, v100, Workload(**asked), resolve_rates(v100))
     plain = next(c for c in plan.candidates if c.strategy == Strategy(2, "cpu"))
     assert not plain.fits and all(p.startswith("GPU needs") for p in plain.problems)
     assert plan.chosen.strategy == Strategy(2, "cpu", offload_activations="cpu")
@@ -263,7 +275,7 @@ def test_the_zero_offload_tutorials_gpt2_10b_fits_one_v100_with_its_activations_
     # published-runs band of the tutorial's measured 26.07 s
     assert plan.chosen.timing.passes_seconds > plain.timing.passes_seconds
     assert 0.67 <= 26.07 / plan.chosen.timing.step_seconds <= 1.5
-    none = make_plan(model, v100, Workload(**asked, offload_activations="none"))
+    none = make_plan(model, v100, Workload(**asked, offload_activations="none"), resolve_rates(v100))
     assert none.chosen is None
     with pytest.raises(UserInputError, match="keeps the checkpointed activations"):
         Workload(offload_activations="cpu", activation_checkpointing=False)
@@ -273,12 +285,10 @@ def test_the_zero_offload_tutorials_gpt2_10b_fits_one_v100_with_its_activations_
 
 
 def test_a_superchip_link_replaces_pcie_and_brings_super_offload(llama7b, write_host):
-    from launcher.inspection.rates import resolve_rates
-
     gh200 = load_host_spec(host_path("1x-gh200-96g"))
     assert gh200.link_kind == "nvlink-c2c"
-    assert resolve_rates(gh200, None).pcie_bytes_per_s == 450e9  # the link, not a PCIe generation
-    plan = make_plan(llama7b, gh200, Workload())
+    assert resolve_rates(gh200).pcie_bytes_per_s == 450e9  # the link, not a PCIe generation
+    plan = make_plan(llama7b, gh200, Workload(), resolve_rates(gh200))
     superchip = next(c for c in plan.candidates if c.strategy.super_offload)
     assert superchip.strategy.label == "ZeRO-3 + opt->cpu + SuperOffload"
     full = next(c for c in plan.candidates if c.strategy == Strategy(3, "cpu"))

@@ -1,4 +1,4 @@
-"""Partial optimizer offload (DeepSpeed's Twin-Flow, `offload_optimizer.ratio`, memory.py [Twin-Flow]): the split
+"""Partial optimizer offload (DeepSpeed's Twin-Flow, `offload_optimizer.ratio`, subgroups.py [Twin-Flow]): the split
 DeepSpeed really makes, what each half costs, and the planner's choice of the share."""
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from launcher.config.merge import pins_from_config
 from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan import memory
+from launcher.plan import subgroups
+from launcher.plan.candidates import Inputs, estimate_candidate
 from launcher.plan.capacity import model_shape, size_buckets, usable_gpu_bytes
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, estimate_candidate, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.shapes import ModelShape
+from launcher.plan.strategy import Strategy
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -31,14 +35,14 @@ def host(name):
 
 
 def plan_for(model, name, **workload):
-    return make_plan(model, host(name), Workload(**workload))
+    return make_plan(model, (h := host(name)), Workload(**workload), resolve_rates(h))
 
 
 # ------------------------------------------------------------------------------------------ the split
 
 
 def test_sub_groups_are_formed_as_deepspeed_forms_them(llama7b):
-    """memory.stage3_subgroups against DeepSpeed's own `_create_fp16_sub_groups`, run on the model's tensors."""
+    """subgroups.stage3_subgroups against DeepSpeed's own `_create_fp16_sub_groups`, run on the model's tensors."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
     for world, sub_group_size in ((1, 337_000_000), (2, 10**9), (8, 50_000_000), (1, 10**10)):
@@ -46,17 +50,17 @@ def test_sub_groups_are_formed_as_deepspeed_forms_them(llama7b):
         theirs = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(
             types.SimpleNamespace(sub_group_size=sub_group_size), params
         )
-        shape = memory.ModelShape(
+        shape = ModelShape(
             llama7b.params, llama7b.largest_param_numel, 0, 0, 0, 0, 0, param_numels=llama7b.param_numels
         )
-        ours = memory.stage3_subgroups(shape, world, sub_group_size)
+        ours = subgroups.stage3_subgroups(shape, world, sub_group_size)
         assert ours == [sum(p.partition_numel() for p in group) for group in theirs]
 
 
 @pytest.mark.parametrize("groups", range(1, 65))
 def test_the_written_ratio_keeps_exactly_the_sub_groups_planned(groups):
     for on_gpu in range(groups + 1):
-        ratio = memory.ratio_keeping(on_gpu, groups)
+        ratio = subgroups.ratio_keeping(on_gpu, groups)
         assert 0 <= ratio <= 1
         # stage3.py `_create_fp32_partitions`: sub-group i stays on the GPU when i < int((1 - ratio) * groups)
         assert sum(i < int((1 - ratio) * groups) for i in range(groups)) == on_gpu
@@ -64,10 +68,9 @@ def test_the_written_ratio_keeps_exactly_the_sub_groups_planned(groups):
 
 def test_both_halves_are_counted_and_nothing_twice(llama7b):
     a100 = host("1x-a100-80g")
-    full = estimate_candidate(llama7b, a100, Workload(seq_len=2048), Strategy(3, "cpu"), plan_rates(a100), 1, 1)
-    half = estimate_candidate(
-        llama7b, a100, Workload(seq_len=2048), Strategy(3, "cpu", offload_ratio=0.5), plan_rates(a100), 1, 1
-    )
+    inputs = Inputs(llama7b, a100, Workload(seq_len=2048), resolve_rates(a100), 1, 1)
+    full = estimate_candidate(inputs, Strategy(3, "cpu"))
+    half = estimate_candidate(inputs, Strategy(3, "cpu", offload_ratio=0.5))
     on_gpu = half.memory.gpu_terms["fp32 optimizer states (GPU share)"]
     on_cpu = half.memory.cpu_terms["fp32 optimizer states"]
     assert on_gpu + on_cpu == full.memory.cpu_terms["fp32 optimizer states"]  # 12 B/param, split
@@ -83,12 +86,6 @@ def test_both_halves_are_counted_and_nothing_twice(llama7b):
     assert half.timing.step_seconds < full.timing.step_seconds
 
 
-def plan_rates(host_profile):
-    from launcher.inspection.rates import resolve_rates
-
-    return resolve_rates(host_profile, None)
-
-
 # ------------------------------------------------------------------------------------------ the choice
 
 
@@ -100,10 +97,10 @@ def test_80gb_keeps_the_largest_share_that_fits(llama7b):
     assert chosen.memory.gpu_bytes_per_device <= usable_gpu_bytes(a100)
     # one more sub-group on the GPU would not fit
     buckets = size_buckets(llama7b, a100, chosen.strategy, 1, 1)
-    groups = len(memory.stage3_subgroups(model_shape(llama7b, buckets), 1, buckets.sub_group_size))
-    kept = memory.gpu_subgroup_count(groups, chosen.strategy.offload_ratio)
-    more = Strategy(3, "cpu", offload_ratio=memory.ratio_keeping(kept + 1, groups))
-    assert not estimate_candidate(llama7b, a100, plan.workload, more, plan.rates, 1, 1).fits
+    groups = len(subgroups.stage3_subgroups(model_shape(llama7b, buckets), 1, buckets.sub_group_size))
+    kept = subgroups.gpu_subgroup_count(groups, chosen.strategy.offload_ratio)
+    more = Strategy(3, "cpu", offload_ratio=subgroups.ratio_keeping(kept + 1, groups))
+    assert not estimate_candidate(Inputs(llama7b, a100, plan.workload, plan.rates, 1, 1), more).fits
     full = next(c for c in plan.candidates if c.strategy == Strategy(3, "cpu"))
     assert full.timing.step_seconds > 1.4 * chosen.timing.step_seconds
     reason = next(r for r in plan.reasons if r.startswith("partial optimizer offload"))
@@ -157,7 +154,7 @@ def test_a_users_ds_config_pins_its_ratio_or_deepspeeds_default():
 def test_partial_offload_on_a_pinned_cpu_host_is_planned_as_asked(llama7b):
     plan = plan_for(llama7b, "cpu-only", offload_ratio=0.5, seq_len=128)
     candidate = next(c for c in plan.candidates if c.strategy.partial)
-    full = estimate_candidate(llama7b, plan.host, plan.workload, Strategy(3, "cpu"), plan.rates, 1, 1)
+    full = estimate_candidate(Inputs(llama7b, plan.host, plan.workload, plan.rates, 1, 1), Strategy(3, "cpu"))
     # timed as the full offload it really is there (every sub-group stepped by CPU-Adam)
     assert candidate.timing.cpu_adam_seconds_per_step == full.timing.cpu_adam_seconds_per_step
     assert replace(candidate.strategy, offload_ratio=1.0) == full.strategy

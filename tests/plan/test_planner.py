@@ -7,8 +7,10 @@ import pytest
 from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.strategy import Strategy
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 
@@ -24,7 +26,7 @@ def llama70b():
 
 def plan_for(model, host_text_or_name, write_host=None, **workload):
     path = host_path(host_text_or_name) if write_host is None else write_host(host_text_or_name)
-    return make_plan(model, load_host_spec(path), Workload(**workload))
+    return make_plan(model, (h := load_host_spec(path)), Workload(**workload), resolve_rates(h))
 
 
 def test_8_gpus_with_enough_memory_get_zero_1_or_2(llama7b):
@@ -151,7 +153,7 @@ def test_low_memlock_with_nvme_offload_warns_about_the_locked_swap_buffers(llama
 
     need = locked_swap_bytes_per_rank(plan.chosen, plan.ranks_per_node)
     buckets, shape = plan.chosen.buckets, plan.chosen.memory.cpu_terms
-    # buffer_count fp32 sub-group buffers are mlocked; memory.py's extra gradient buffer is not
+    # buffer_count fp32 sub-group buffers are mlocked; host_buffers.py's extra gradient buffer is not
     count = buckets.optimizer_buffer_count
     optimizer = shape["optimizer swap buffers (pinned)"] * count // (count + 1)
     # the parameter swapper locks param_buffer_count fp16 buffers of param_buffer_size elements, whole

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from launcher import settings
-from launcher.plan.build import build_plan
+from launcher.job.planning import build_plan
 
 HERE = Path(__file__).parent
 RUNS = yaml.safe_load((HERE / "published_runs.yaml").read_text())["runs"]

@@ -8,14 +8,25 @@ import pytest
 
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.inspection.rates import ProbeResult, resolve_rates
 from launcher.plan import timing
-from launcher.plan.memory import Strategy
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.compute import (
+    NONMATMUL_BYTES_PER_HIDDEN,
+    NONMATMUL_CROSS_BYTES_PER_HIDDEN,
+    compute_seconds,
+    cpu_adam_seconds,
+    flops_per_token,
+)
+from launcher.plan.framework import STEP_FIXED_SECONDS, ZERO_PASS_BYTES_PER_PARAM, framework_seconds
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import MFU, PAGEABLE_TO_PINNED, ZERO_TENSOR_SECONDS, Rates, resolve_rates
+from launcher.plan.shapes import Shape
+from launcher.plan.strategy import Strategy
+from launcher.plan.traffic import HOST_UPDATE_BYTES_PER_PARAM, Transfers, nvme_bytes, pcie_bytes, transfers
+from launcher.plan.workload import Workload
 from tests.helpers import host_path
 
 SEVEN_B = 7 * 10**9
-SEEDS_RATES = timing.Rates(  # the seeds' example: PCIe 4.0 at 32 GB/s, 150 TFLOP/s of useful compute
+SEEDS_RATES = Rates(  # the seeds' example: PCIe 4.0 at 32 GB/s, 150 TFLOP/s of useful compute
     compute_flops_per_s=150e12,
     pcie_bytes_per_s=32e9,
     cpu_adam_params_per_s=80e9 / 12,
@@ -28,9 +39,9 @@ SEEDS_RATES = timing.Rates(  # the seeds' example: PCIe 4.0 at 32 GB/s, 150 TFLO
 ZERO_OFFLOAD = Strategy(2, "cpu")
 
 
-def shape(tokens: int, grad_accum: int = 1, recompute: bool = False) -> timing.Shape:
+def shape(tokens: int, grad_accum: int = 1, recompute: bool = False) -> Shape:
     """The seeds' examples: 7 B parameters and nothing else known of the shape (FLOPs are 6·P per token)."""
-    return timing.Shape(SEVEN_B, SEVEN_B, seq_len=tokens, grad_accum=grad_accum, recompute=recompute)
+    return Shape(SEVEN_B, SEVEN_B, seq_len=tokens, grad_accum=grad_accum, recompute=recompute)
 
 
 def seeds_step(tokens: int, strategy: Strategy = ZERO_OFFLOAD) -> timing.StepEstimate:
@@ -56,12 +67,12 @@ def test_seeds_512_tokens_transfers_dominate():
 @pytest.mark.parametrize("world", [1, 4])
 def test_zero_offload_moves_the_4_byte_minimum_whatever_the_batch(world):
     for accum in (1, 8):
-        overlapped, serial = timing.pcie_bytes(SEVEN_B, Strategy(2, "cpu"), world, accum)
+        overlapped, serial = pcie_bytes(SEVEN_B, Strategy(2, "cpu"), world, accum)
         assert overlapped + serial == 4 * SEVEN_B // world
 
 
 def test_no_offload_moves_nothing_over_pcie():
-    assert timing.pcie_bytes(SEVEN_B, Strategy(3), 8, 4) == (0, 0)
+    assert pcie_bytes(SEVEN_B, Strategy(3), 8, 4) == (0, 0)
     step = seeds_step(2048, Strategy(2))
     assert step.pcie_bytes_per_step == 0 and step.offload_overhead_fraction == 0
 
@@ -69,18 +80,18 @@ def test_no_offload_moves_nothing_over_pcie():
 def test_overlap_is_max_and_serial_work_adds():
     step = seeds_step(2048)
     expected = max(step.compute_seconds_per_step, 14e9 / 32e9) + 14e9 / 32e9 + step.cpu_adam_seconds_per_step
-    assert step.step_seconds == pytest.approx(expected + timing.STEP_FIXED_SECONDS)
+    assert step.step_seconds == pytest.approx(expected + STEP_FIXED_SECONDS)
     assert step.passes_seconds == pytest.approx(max(step.compute_seconds_per_step, 14e9 / 32e9))
     assert step.passes_seconds + step.update_seconds == pytest.approx(step.step_seconds)
 
 
 def test_recomputation_costs_a_forward():
-    assert timing.flops_per_token(SEVEN_B, recompute=True) == 8 * SEVEN_B
-    assert timing.flops_per_token(SEVEN_B, recompute=False) == 6 * SEVEN_B
+    assert flops_per_token(SEVEN_B, recompute=True) == 8 * SEVEN_B
+    assert flops_per_token(SEVEN_B, recompute=False) == 6 * SEVEN_B
 
 
 def test_nvme_traffic():
-    read, write = timing.nvme_bytes(SEVEN_B, Strategy(3, "nvme", "nvme"), world=1, ranks_per_node=1, grad_accum=2)
+    read, write = nvme_bytes(SEVEN_B, Strategy(3, "nvme", "nvme"), world=1, ranks_per_node=1, grad_accum=2)
     assert read == 12 * SEVEN_B + 2 * 2 * 2 * SEVEN_B  # master, m, v in; the parameters fetched twice per micro-batch
     assert write == 12 * SEVEN_B + 2 * SEVEN_B  # master, m, v out; the updated 16-bit parameters
 
@@ -104,7 +115,7 @@ def test_time_beats_the_fixed_order(llama7b, write_host):
     host = load_host_spec(
         write_host("gpus: {count: 1, memory: 8GiB}\ncpu_memory: 180GiB\nnvme: {path: /n, free: 2TB}\n")
     )
-    plan = make_plan(llama7b, host, Workload())
+    plan = make_plan(llama7b, host, Workload(), resolve_rates(host))
     both = next(c for c in plan.candidates if c.strategy.label == "ZeRO-3 + opt->cpu + param->cpu")
     assert not both.fits and any("CPU RAM needs" in p for p in both.problems)
     labels = [c.strategy.label for c in plan.candidates if c.fits]
@@ -116,7 +127,7 @@ def test_time_beats_the_fixed_order(llama7b, write_host):
 def test_zero3_costs_its_hooks_so_zero2_wins_at_the_same_offload(llama7b):
     # 192 GB RAM: both opt->cpu candidates fit (on 128 GB neither does and the optimizer goes to NVMe); they move
     # the same bytes, and ZeRO-3 adds its per-tensor gather/release hooks [DS-hooks]
-    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
+    plan = make_plan(llama7b, (h := load_host_spec(host_path("1x-rtx4090-24g-192g"))), Workload(), resolve_rates(h))
     zero2, zero3 = (
         next(c for c in plan.candidates if c.strategy == s) for s in (Strategy(2, "cpu"), Strategy(3, "cpu"))
     )
@@ -129,7 +140,9 @@ def test_zero3_costs_its_hooks_so_zero2_wins_at_the_same_offload(llama7b):
 
 
 def test_batch_advice_when_offload_dominates(llama7b):
-    plan = make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g")), Workload(seq_len=512))
+    plan = make_plan(
+        llama7b, (h := load_host_spec(host_path("1x-rtx4090-24g"))), Workload(seq_len=512), resolve_rates(h)
+    )
     advice = plan.advice
     assert advice["offload_overhead_fraction"] > 0.10
     accum = advice["grad_accum"]
@@ -137,7 +150,9 @@ def test_batch_advice_when_offload_dominates(llama7b):
     assert accum["tokens_per_s"] > advice["tokens_per_s"]
     if advice["micro_batch"]:
         assert advice["micro_batch"]["offload_overhead_fraction"] <= 0.10
-    assert make_plan(llama7b, load_host_spec(host_path("8x-a100-80g")), Workload()).advice is None
+    assert (
+        make_plan(llama7b, (h := load_host_spec(host_path("8x-a100-80g"))), Workload(), resolve_rates(h)).advice is None
+    )
 
 
 def test_rates_sources(write_host):
@@ -148,15 +163,15 @@ def test_rates_sources(write_host):
             "nvme: {path: /n, free: 4TB, read: 12GB/s, write: 9GB/s}\n"
         )
     )
-    rates = resolve_rates(host, None)
-    assert rates.compute_flops_per_s == 312e12 * timing.MFU
+    rates = resolve_rates(host)
+    assert rates.compute_flops_per_s == 312e12 * MFU
     assert rates.pcie_bytes_per_s == 25e9 and rates.cpu_adam_params_per_s == 2e9
     assert (rates.nvme_read_bytes_per_s, rates.nvme_write_bytes_per_s) == (12e9, 9e9)
     assert rates.sources["cpu_adam_params_per_s"] == "described"
     assert rates.sources["cpu_memory_bandwidth_bytes_per_s"] == "nominal"
-    probe = ProbeResult(host_id="x", date="d", figures={"cpu_adam_params_per_s": 3e9})
-    assert resolve_rates(host, probe).cpu_adam_params_per_s == 3e9
-    assert resolve_rates(host, probe).sources["cpu_adam_params_per_s"] == "measured"
+    figures = {"cpu_adam_params_per_s": 3e9}  # a probe's figures
+    assert resolve_rates(host, figures, {}).cpu_adam_params_per_s == 3e9
+    assert resolve_rates(host, figures, {}).sources["cpu_adam_params_per_s"] == "measured"
 
 
 def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
@@ -172,7 +187,7 @@ def test_doubling_accumulation_doubles_compute_not_pcie_bytes():
     assert two.offload_overhead_fraction < one.offload_overhead_fraction
 
 
-def _offload_step(rates: timing.Rates, pinned: bool) -> timing.StepEstimate:
+def _offload_step(rates: Rates, pinned: bool) -> timing.StepEstimate:
     return timing.estimate_step(
         shape(1024), ZERO_OFFLOAD, rates, world=1, ranks_per_node=1, has_gpu=True, pinned=pinned
     )
@@ -184,10 +199,10 @@ def test_pageable_copies_use_the_pageable_rate_and_do_not_overlap():
     pinned = _offload_step(SEEDS_RATES, pinned=True)
     pageable = _offload_step(SEEDS_RATES, pinned=False)
     assert pageable.pcie_bytes_per_step == pinned.pcie_bytes_per_step == 4 * SEVEN_B
-    expected = 4 * SEVEN_B / (32e9 * timing.PAGEABLE_TO_PINNED)
+    expected = 4 * SEVEN_B / (32e9 * PAGEABLE_TO_PINNED)
     assert pageable.pcie_seconds_per_step == pytest.approx(expected)
     serial = pageable.compute_seconds_per_step + expected + pageable.cpu_adam_seconds_per_step
-    assert pageable.step_seconds == pytest.approx(serial + timing.STEP_FIXED_SECONDS)
+    assert pageable.step_seconds == pytest.approx(serial + STEP_FIXED_SECONDS)
     assert pageable.step_seconds > pinned.step_seconds
 
 
@@ -203,43 +218,41 @@ def test_a_measured_pageable_rate_wins_over_the_ratio():
 
 def test_attention_adds_narayanans_term():
     """[Narayanan] 12·L·s·h per token (16 with recomputation) beside the weights' 6·P (8·P)."""
-    assert timing.flops_per_token(SEVEN_B, False, layers=32, hidden=4096, seq_len=2048) == (
+    assert flops_per_token(SEVEN_B, False, layers=32, hidden=4096, seq_len=2048) == (
         6 * SEVEN_B + 12 * 32 * 2048 * 4096
     )
-    assert timing.flops_per_token(SEVEN_B, True, layers=32, hidden=4096, seq_len=2048) == (
-        8 * SEVEN_B + 16 * 32 * 2048 * 4096
-    )
+    assert flops_per_token(SEVEN_B, True, layers=32, hidden=4096, seq_len=2048) == (8 * SEVEN_B + 16 * 32 * 2048 * 4096)
 
 
 def test_the_elementwise_work_runs_at_device_memory_bandwidth_and_matters_for_small_hidden_sizes():
     rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
-    wide = timing.Shape(SEVEN_B, SEVEN_B, layers=32, hidden=4096, seq_len=2048)
-    narrow = timing.Shape(SEVEN_B, SEVEN_B, layers=512, hidden=1024, seq_len=2048)  # the same P, thin and deep
-    flops_only = timing.compute_seconds(wide, SEEDS_RATES)
-    elementwise = 3 * timing.NONMATMUL_BYTES_PER_HIDDEN * 4096 * 32 * 2048 / 2e12
-    assert timing.compute_seconds(wide, rates) == pytest.approx(flops_only + elementwise)
-    assert timing.compute_seconds(narrow, rates) > 2 * timing.compute_seconds(wide, rates) - flops_only
+    wide = Shape(SEVEN_B, SEVEN_B, layers=32, hidden=4096, seq_len=2048)
+    narrow = Shape(SEVEN_B, SEVEN_B, layers=512, hidden=1024, seq_len=2048)  # the same P, thin and deep
+    flops_only = compute_seconds(wide, SEEDS_RATES)
+    elementwise = 3 * NONMATMUL_BYTES_PER_HIDDEN * 4096 * 32 * 2048 / 2e12
+    assert compute_seconds(wide, rates) == pytest.approx(flops_only + elementwise)
+    assert compute_seconds(narrow, rates) > 2 * compute_seconds(wide, rates) - flops_only
 
 
 def test_few_tokens_per_micro_batch_are_memory_bound():
     """[roofline] one token per micro-batch still streams every weight three times."""
     rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
-    one_token = timing.Shape(SEVEN_B, SEVEN_B, seq_len=1)
-    assert timing.compute_seconds(one_token, rates) == pytest.approx(3 * 2 * SEVEN_B / 2e12)
+    one_token = Shape(SEVEN_B, SEVEN_B, seq_len=1)
+    assert compute_seconds(one_token, rates) == pytest.approx(3 * 2 * SEVEN_B / 2e12)
 
 
 def test_measured_passes_replace_the_flops_and_scale_with_the_tokens():
     rates = replace(SEEDS_RATES, passes_per_layer_seconds=0.01, passes_fixed_seconds=0.005, passes_tokens=512)
-    measured = timing.Shape(SEVEN_B, SEVEN_B, layers=4, seq_len=128, micro_batch=4, grad_accum=3)
-    assert timing.compute_seconds(measured, rates) == pytest.approx(3 * (4 * 0.01 + 0.005))
+    measured = Shape(SEVEN_B, SEVEN_B, layers=4, seq_len=128, micro_batch=4, grad_accum=3)
+    assert compute_seconds(measured, rates) == pytest.approx(3 * (4 * 0.01 + 0.005))
     doubled = replace(measured, micro_batch=8)  # batch advice asks about another micro-batch
-    assert timing.compute_seconds(doubled, rates) == pytest.approx(2 * timing.compute_seconds(measured, rates))
+    assert compute_seconds(doubled, rates) == pytest.approx(2 * compute_seconds(measured, rates))
 
 
 def test_parameters_offloaded_with_the_optimizer_on_the_gpu_send_the_update_back():
-    moved = timing.transfers(SEVEN_B, Strategy(3, "none", "cpu"), world=1, grad_accum=2)
-    assert moved == timing.Transfers(gradients=0, fetches=2 * 2 * 2 * SEVEN_B, weights=2 * SEVEN_B)
-    both = timing.transfers(SEVEN_B, Strategy(3, "cpu", "cpu"), world=1, grad_accum=2)
+    moved = transfers(SEVEN_B, Strategy(3, "none", "cpu"), world=1, grad_accum=2)
+    assert moved == Transfers(gradients=0, fetches=2 * 2 * 2 * SEVEN_B, weights=2 * SEVEN_B)
+    both = transfers(SEVEN_B, Strategy(3, "cpu", "cpu"), world=1, grad_accum=2)
     assert both.weights == 0  # the optimizer's host copy is the parameters' home
 
 
@@ -249,7 +262,7 @@ def test_cpu_adam_runs_at_the_rate_measured_for_a_ranks_threads():
     assert rates.adam_params_per_s_per_rank(4) == 3e9
     assert rates.adam_params_per_s_per_rank(1) == 8e9
     assert rates.adam_params_per_s_per_rank(2) == SEEDS_RATES.cpu_adam_params_per_s / 2  # 8 threads: not measured
-    assert timing.cpu_adam_seconds(SEVEN_B, world=4, ranks_per_node=4, rates=rates) == pytest.approx(SEVEN_B / 4 / 3e9)
+    assert cpu_adam_seconds(SEVEN_B, world=4, ranks_per_node=4, rates=rates) == pytest.approx(SEVEN_B / 4 / 3e9)
 
 
 def test_host_copies_share_the_nodes_bandwidth_between_its_ranks():
@@ -259,7 +272,7 @@ def test_host_copies_share_the_nodes_bandwidth_between_its_ranks():
         step = timing.estimate_step(shape(2048), ZERO_OFFLOAD, rates, world=ranks, ranks_per_node=ranks, has_gpu=True)
         return step.host_copy_seconds_per_step
 
-    assert host_seconds(1) == pytest.approx(timing.HOST_UPDATE_BYTES_PER_PARAM * SEVEN_B / 100e9)
+    assert host_seconds(1) == pytest.approx(HOST_UPDATE_BYTES_PER_PARAM * SEVEN_B / 100e9)
     assert host_seconds(4) == pytest.approx(host_seconds(1))  # a quarter of the parameters at a quarter of the rate
 
 
@@ -267,16 +280,16 @@ def test_zero_pays_per_tensor_and_per_parameter():
     """[DS-hooks] ZeRO-3: every tensor every pass (more with the parameters offloaded); ZeRO-2 with the optimizer
     offloaded: every tensor once per micro-batch; without offload no per-tensor hook. On the CPU accelerator each also
     streams its bytes per parameter through the host's memory; on a GPU those are not charged."""
-    hooked = timing.Shape(SEVEN_B, SEVEN_B, param_tensors=291, seq_len=2048, grad_accum=2, recompute=True)
+    hooked = Shape(SEVEN_B, SEVEN_B, param_tensors=291, seq_len=2048, grad_accum=2, recompute=True)
     rates = replace(SEEDS_RATES, cpu_memory_bytes_per_s=50e9)
 
     def framework(strategy: Strategy, has_gpu: bool = False) -> float:
-        return timing.framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=has_gpu)
+        return framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=has_gpu)
 
     def per_param(key) -> float:
-        return timing.ZERO_PASS_BYTES_PER_PARAM[key] * SEVEN_B / 50e9 * 2
+        return ZERO_PASS_BYTES_PER_PARAM[key] * SEVEN_B / 50e9 * 2
 
-    nominal = timing.ZERO_TENSOR_SECONDS
+    nominal = ZERO_TENSOR_SECONDS
     assert framework(Strategy(2)) == pytest.approx(nominal["zero12_hook"] * 291 * 2 + per_param((False, False, "none")))
     assert framework(Strategy(2), has_gpu=True) == pytest.approx(nominal["zero12_hook"] * 291 * 2)
     assert framework(Strategy(2, "cpu")) == pytest.approx(
@@ -289,16 +302,16 @@ def test_zero_pays_per_tensor_and_per_parameter():
 
 
 def test_a_host_measured_per_tensor_cost_replaces_the_nominal_one():
-    """inspection/zero_costs.py's figures (Rates.zero_tensor_seconds) win, family by family."""
-    hooked = timing.Shape(SEVEN_B, SEVEN_B, param_tensors=100, seq_len=2048, grad_accum=1, recompute=False)
+    """measure/zero_costs.py's figures (Rates.zero_tensor_seconds) win, family by family."""
+    hooked = Shape(SEVEN_B, SEVEN_B, param_tensors=100, seq_len=2048, grad_accum=1, recompute=False)
     measured = replace(SEEDS_RATES, zero_tensor_seconds={"zero3_hook": 2e-3, "zero12_hook": 1e-4})
 
     def framework(strategy: Strategy, rates) -> float:
-        return timing.framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=True)
+        return framework_seconds(hooked, strategy, world=1, ranks_per_node=1, rates=rates, has_gpu=True)
 
     assert framework(Strategy(3), measured) == pytest.approx(2e-3 * 100)
     assert framework(Strategy(2), measured) == pytest.approx(1e-4 * 100)
-    fetch = timing.ZERO_TENSOR_SECONDS["zero3_fetch"]  # not measured: nominal
+    fetch = ZERO_TENSOR_SECONDS["zero3_fetch"]  # not measured: nominal
     assert framework(Strategy(3, "cpu", "cpu"), measured) == pytest.approx((2e-3 + fetch) * 100)
     assert framework(Strategy(2, "cpu"), measured) == framework(Strategy(2, "cpu"), SEEDS_RATES)
 
@@ -318,30 +331,32 @@ def test_an_encoder_decoder_costs_6p_per_position_pair_plus_its_cross_attention(
     per pair of positions, the same weights term as a causal LM of P_e + P_d; the attention counts L_e + 2·L_d
     sublayers at the attention width d."""
     p, s, d = 11_307_321_344, 512, 16_384
-    enc_dec = timing.flops_per_token(p, False, layers=48, hidden=d, seq_len=s, cross_layers=24)
-    causal = timing.flops_per_token(p, False, layers=48, hidden=d, seq_len=s)
+    enc_dec = flops_per_token(p, False, layers=48, hidden=d, seq_len=s, cross_layers=24)
+    causal = flops_per_token(p, False, layers=48, hidden=d, seq_len=s)
     assert enc_dec == 6 * p + 12 * (24 + 2 * 24) * s * d
     assert enc_dec - causal == 12 * 24 * s * d  # the decoder's cross-attention, over the s source tokens
-    assert timing.flops_per_token(p, True, layers=48, hidden=d, seq_len=s, cross_layers=24) == (8 * p + 16 * 72 * s * d)
+    assert flops_per_token(p, True, layers=48, hidden=d, seq_len=s, cross_layers=24) == (8 * p + 16 * 72 * s * d)
 
 
 def test_the_step_counts_the_attention_width_and_the_cross_attention_sublayers():
     rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2e12)
-    causal = timing.Shape(SEVEN_B, SEVEN_B, layers=32, hidden=1024, seq_len=512)
+    causal = Shape(SEVEN_B, SEVEN_B, layers=32, hidden=1024, seq_len=512)
     wide = replace(causal, attention_width=16_384)
     enc_dec = replace(wide, cross_layers=16)
     tokens = 512
-    assert timing.compute_seconds(wide, SEEDS_RATES) - timing.compute_seconds(causal, SEEDS_RATES) == pytest.approx(
+    assert compute_seconds(wide, SEEDS_RATES) - compute_seconds(causal, SEEDS_RATES) == pytest.approx(
         12 * 32 * 512 * (16_384 - 1024) * tokens / 150e12
     )
-    extra = timing.compute_seconds(enc_dec, rates) - timing.compute_seconds(wide, rates)
+    extra = compute_seconds(enc_dec, rates) - compute_seconds(wide, rates)
     flops = 12 * 16 * 512 * 16_384 * tokens / 150e12
-    elementwise = 3 * timing.NONMATMUL_CROSS_BYTES_PER_HIDDEN * 1024 * 16 * tokens / 2e12
+    elementwise = 3 * NONMATMUL_CROSS_BYTES_PER_HIDDEN * 1024 * 16 * tokens / 2e12
     assert extra == pytest.approx(flops + elementwise)
 
 
 def test_t5_11b_plans_from_its_bundled_config_with_both_stacks():
-    plan = make_plan(inspect_model("t5-11b"), load_host_spec(host_path("1x-a100-80g")), Workload())
+    plan = make_plan(
+        inspect_model("t5-11b"), (h := load_host_spec(host_path("1x-a100-80g"))), Workload(), resolve_rates(h)
+    )
     assert plan.model.kind == "seq2seq-lm" and plan.workload.seq_len == 512
     assert plan.chosen is not None
     shape = plan.chosen.timing

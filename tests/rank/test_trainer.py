@@ -60,7 +60,7 @@ def one(token: int) -> dict:
 
 
 def test_offloaded_activations_are_saved_through_save_on_cpu():
-    """With the plan's act->cpu the forward runs under torch's save_on_cpu hooks (memory.py [act-offload]), so the
+    """With the plan's act->cpu the forward runs under torch's save_on_cpu hooks (host_buffers.py [act-offload]), so the
     tensors autograd saves are packed off the device; without it, under none."""
     seen = []
 

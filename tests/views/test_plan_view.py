@@ -12,7 +12,9 @@ from launcher.config import dsconfig
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan import capacity
-from launcher.plan.planner import Workload, make_plan
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from launcher.units import GiB, fmt_bytes
 from launcher.views import plan_view as report
 from tests.helpers import host_path
@@ -47,7 +49,7 @@ def offload_plan(llama7b):
     """One RTX 4090 with 192 GB RAM: ZeRO-1/2/3 do not fit the GPU, ZeRO-2 + CPU offload is chosen, NVMe is
     described. (With 128 GB RAM, 108.8 GiB usable, ZeRO-2 + opt->cpu needs 132.5 GiB and the optimizer goes to
     NVMe.)"""
-    return make_plan(llama7b, load_host_spec(host_path("1x-rtx4090-24g-192g")), Workload())
+    return make_plan(llama7b, (h := load_host_spec(host_path("1x-rtx4090-24g-192g"))), Workload(), resolve_rates(h))
 
 
 def render(plan, ds_config=None, *, width: int = 120, show_config: bool = False) -> tuple[str, str]:
@@ -161,7 +163,7 @@ def test_a_narrow_terminal_drops_the_bars_not_the_numbers(offload_plan):
 
 def test_nothing_fits(write_host):
     host = load_host_spec(write_host("gpus: {count: 1, memory: 8GiB}\ncpu_memory: 16GiB\n"))
-    plan = make_plan(inspect_model("meta-llama/Llama-2-70b-hf"), host, Workload())
+    plan = make_plan(inspect_model("meta-llama/Llama-2-70b-hf"), host, Workload(), resolve_rates(host))
     text, _ = render(plan)
     assert "nothing fits this host" in text and text.count(report.CHOSEN_MARK) == 1  # in the legend only
     assert all(row(text, c.strategy.label).startswith(report.NO_FIT_MARK) for c in plan.candidates)
@@ -169,7 +171,12 @@ def test_nothing_fits(write_host):
 
 
 def test_cpu_accelerator_host(tiny_llama_dir):
-    plan = make_plan(inspect_model(str(tiny_llama_dir)), load_host_spec(host_path("cpu-only")), Workload())
+    plan = make_plan(
+        inspect_model(str(tiny_llama_dir)),
+        (h := load_host_spec(host_path("cpu-only"))),
+        Workload(),
+        resolve_rates(h),
+    )
     text, _ = render(plan)
     assert "per rank*" in text and "included in CPU/node" in text
     assert row(text, plan.chosen.strategy.label).startswith(report.CHOSEN_MARK)
@@ -177,9 +184,9 @@ def test_cpu_accelerator_host(tiny_llama_dir):
 
 def test_plan_json_and_plan_text_are_unchanged(offload_plan):
     ds_config = dsconfig.render(offload_plan)
-    before = json.dumps(report.plan_json(offload_plan, ds_config), sort_keys=True)
+    before = json.dumps(offload_plan.to_json(ds_config), sort_keys=True)
     render(offload_plan, ds_config, show_config=True)
-    data = report.plan_json(offload_plan, ds_config)
+    data = offload_plan.to_json(ds_config)
     assert list(data) == PLAN_JSON_KEYS and json.dumps(data, sort_keys=True) == before
     assert set(data["workload"]) == {
         "seq_len",

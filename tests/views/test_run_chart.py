@@ -14,8 +14,9 @@ import pytest
 from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
-from launcher.plan.planner import Workload, make_plan
-from launcher.views import plan_view as report
+from launcher.plan.planner import make_plan
+from launcher.plan.rates import resolve_rates
+from launcher.plan.workload import Workload
 from launcher.views.run_chart import DPI, FIGURE_INCHES, load_run, render_run, sources_line
 from tests.helpers import REPO, host_path
 
@@ -27,8 +28,13 @@ def write_run(out: Path, model_dir: Path, *, steps: int = STEPS, finished: bool 
     """A run folder as `offload-launch run --data` leaves it: plan.json (the --json contract), run_spec.json
     with the plan's predictions, metrics.jsonl one line per step, and run.json at the end."""
     out.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(inspect_model(str(model_dir)), load_host_spec(host_path("cpu-only")), Workload(seq_len=128))
-    (out / "plan.json").write_text(json.dumps(report.plan_json(plan, None)))
+    plan = make_plan(
+        inspect_model(str(model_dir)),
+        (h := load_host_spec(host_path("cpu-only"))),
+        Workload(seq_len=128),
+        resolve_rates(h),
+    )
+    (out / "plan.json").write_text(json.dumps(plan.to_json(None)))
     memory = plan.chosen.memory
     predicted = {
         "step_seconds": PREDICTED_STEP_SECONDS,

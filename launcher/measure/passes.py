@@ -1,8 +1,10 @@
-"""The passes measured at the model's shapes: a forward and backward of the model cut to one and to three
+"""Time the model cut to one and three blocks at the workload's tokens: seconds per block and for the rest.
+
+The passes measured at the model's shapes: a forward and backward of the model cut to one and to three
 transformer blocks, at the run's micro-batch and sequence length, on the device and with the threads a rank
 will have. Their difference is one block; the rest (embedding, head, loss, the framework's per-pass cost) is
 what is left of the one-block time. The step-time model then charges L blocks plus the rest per micro-batch
-(timing.compute_seconds), which carries everything FLOP counts miss at small shapes: attention, kernel and
+(compute.compute_seconds), which carries everything FLOP counts miss at small shapes: attention, kernel and
 operator dispatch, normalisations, the loss over the vocabulary.
 
 An encoder-decoder (T5, BART) is cut to as many blocks in each stack, and timed on a source and a target of the
@@ -10,46 +12,29 @@ sequence length each (labels = the inputs, as its trainer feeds it); a block is 
 decoder block, which the model charges for both stacks' blocks. A model of kind "other" (BERT: no LM head, and no
 training here) is not timed: the plan counts FLOPs.
 
-Bounded: skipped (None, and the model falls back to FLOPs) when timing the cuts (a warm-up and REPEATS rounds of
-both) would take more than BUDGET_SECONDS by FLOPs at `flops_per_s`. Cached per host, model config, shape, device,
-threads and torch.
+Bounded by the caller (job/measuring.py): skipped, and the model falls back to FLOPs, when timing the cuts (a
+warm-up and REPEATS rounds of both) would take more than its budget by FLOPs. Cached (measure/cache.py) per host,
+model config, shape, device, threads and torch.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.files import write_json_atomic
 from launcher.inspection.model import CAUSAL_LM, OTHER, auto_class
 
-BUDGET_SECONDS = 15.0  # the whole measurement: a warm-up and REPEATS timed passes of each cut
 # blocks in the two cuts (the second no more than the model has): apart, so that a block stands out of the noise
 CUT_LAYERS = (1, 3)
 REPEATS = 7  # rounds; each cut's median counts
 ESTIMATOR = "median"  # in the cache key: figures cached when the best round counted are measured again
 
 
-def cache_key(
-    config: dict, *, host_id: str, device: str, threads: int, tokens: tuple[int, int], recompute: bool
-) -> str:
-    import torch
-
-    identity = json.dumps(
-        [config, host_id, device, threads, list(tokens), recompute, torch.__version__, CUT_LAYERS, ESTIMATOR],
-        sort_keys=True,
-    )
-    return hashlib.sha256(identity.encode()).hexdigest()[:20]
-
-
 def cut_config(config_dir: str, layers: int, trust_remote_code: bool):
     """The model's config (a folder holding config.json, or a bundled .json) cut to `layers` blocks."""
-    from launcher.inspection.model import cut_to_layers, load_config
+    from launcher.inspection.model_config import cut_to_layers, load_config
 
     config = load_config(Path(config_dir), trust_remote_code)
     cut_to_layers(config, layers)
@@ -111,71 +96,48 @@ def time_cuts(cuts: list[Callable[[], float]], repeats: int = REPEATS) -> list[f
     return [statistics.median(times) for times in seconds]
 
 
-def measure_passes(
+def cut_layers(profile) -> tuple[int, int] | None:
+    """Blocks per stack in the two cuts of `profile`'s model (the second no more than its deepest stack has); None
+    for a model of kind "other" (not trained here) or one block deep (nothing to tell a block from the rest)."""
+    if profile.kind == OTHER:
+        return None
+    depth = max(profile.encoder_layers, profile.cross_attention_layers) or profile.num_layers  # the deepest stack
+    layers = (CUT_LAYERS[0], min(CUT_LAYERS[1], depth))
+    return None if layers[1] == layers[0] else layers
+
+
+def time_passes(
     profile,
+    layers: tuple[int, int],
     *,
     micro_batch: int,
     seq_len: int,
     recompute: bool,
     device: str,
     threads: int,
-    flops_per_s: float,
-    host_id: str,
-    cache_dir: Path,
     log: Callable[[str], None],
-    measure: bool = True,
     trust_remote_code: bool = False,
 ) -> dict | None:
-    """{"per_layer_seconds", "fixed_seconds", "tokens", ...} for `profile` (a ModelProfile) at this workload, from
-    the cache or (`measure`) measured now; None when not cached and not measured, when the cuts would take too
-    long, when they cannot be built, or for a model of kind "other" (not trained here)."""
-    from launcher.plan.timing import flops_per_token
-
-    if profile.kind == OTHER:
-        return None
-    location = Path(profile.config_dir)
-    config_json = json.loads((location if location.is_file() else location / "config.json").read_text())
-    key = cache_key(
-        config_json,
-        host_id=host_id,
-        device=device,
-        threads=threads,
-        tokens=(micro_batch, seq_len),
-        recompute=recompute,
-    )
-    path = cache_dir / "passes" / f"{key}.json"
-    with contextlib.suppress(OSError, ValueError):  # not cached yet, or a damaged file: measured again
-        return json.loads(path.read_text())
-    if not measure:
-        return None
-    depth = max(profile.encoder_layers, profile.cross_attention_layers) or profile.num_layers  # the deepest stack
-    cut_layers = (1, min(CUT_LAYERS[1], depth))
-    if cut_layers[1] == cut_layers[0]:
-        return None  # one block: nothing to tell a block from the rest
-    blocks = [cut_blocks(profile, layers) for layers in cut_layers]
-    embeddings = max(0, profile.params - profile.num_layers * profile.layer_params)
-    cut_params = embeddings + blocks[1] * profile.layer_params
-    tokens = micro_batch * seq_len
-    cross = min(cut_layers[1], profile.cross_attention_layers)
-    cut = flops_per_token(cut_params, recompute, blocks[1], profile.attention_dim, seq_len, cross) * tokens
-    if cut / flops_per_s * (1 + REPEATS) * 2 > BUDGET_SECONDS:
-        return None
-    log(f"measuring the passes at the model's shapes ({micro_batch} x {seq_len} tokens, {threads} threads) ...")
+    """{"per_layer_seconds", "fixed_seconds", "tokens", ...}: `profile`'s model (a ModelProfile) cut to `layers`
+    blocks per stack (cut_layers), timed at this workload with `threads` threads; None (and a line to `log`) when the
+    cuts cannot be built or trained here. Whether the cuts are worth their time is the caller's to decide."""
     import torch
 
+    log(f"measuring the passes at the model's shapes ({micro_batch} x {seq_len} tokens, {threads} threads) ...")
+    blocks = [cut_blocks(profile, n) for n in layers]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         cuts = [
             build_cut(
-                cut_config(profile.config_dir, layers, trust_remote_code),
+                cut_config(profile.config_dir, n, trust_remote_code),
                 micro_batch=micro_batch,
                 seq_len=seq_len,
                 recompute=recompute,
                 device=device,
                 kind=profile.kind,
             )
-            for layers in cut_layers
+            for n in layers
         ]
         seconds = time_cuts(cuts)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not buildable (or not trainable) here
@@ -184,16 +146,14 @@ def measure_passes(
     finally:
         torch.set_num_threads(previous)
     per_layer = max(0.0, (seconds[1] - seconds[0]) / (blocks[1] - blocks[0]))
-    result = {
+    return {
         "per_layer_seconds": per_layer,
         "fixed_seconds": max(0.0, seconds[0] - blocks[0] * per_layer),
-        "tokens": tokens,
-        "cut_layers": list(cut_layers),  # per stack
+        "tokens": micro_batch * seq_len,
+        "cut_layers": list(layers),  # per stack
         "cut_blocks": blocks,  # both stacks
         "cut_seconds": seconds,
         "device": device,
         "threads": threads,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_json_atomic(path, result)
-    return result

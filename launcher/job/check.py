@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from launcher import settings as settings_schema
 from launcher.config.final import DUPLICATE_FIX, read_user_config, user_pins
-from launcher.plan.build import build_plan
+from launcher.job.planning import build_plan
 from launcher.plan.planner import Plan
 
 BATCH_PINS = ("micro_batch", "grad_accum")  # what the config fixes for the memory estimate it is checked against

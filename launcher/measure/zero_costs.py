@@ -1,26 +1,30 @@
-"""ZeRO's own cost per parameter tensor, measured on this host under DeepSpeed itself.
+"""Time DeepSpeed engines under the ds_configs handed in, against the bare model, in a subprocess.
+
+ZeRO's own cost per parameter tensor, measured on this host under DeepSpeed itself.
 
 What ZeRO adds to the passes beyond the model's own work is mostly per parameter tensor and bound by one CPU
 thread: ZeRO-3's fetch/release hooks on every module and pass (partitioned_param_coordinator.py), its copy of
 each offloaded parameter in and out, ZeRO-1/2's gradient hook per parameter (stage_1_and_2.py
 reduce_ready_partitions_and_remove_grads; with the optimizer offloaded, the copy of each gradient into the CPU
 partition). Those costs scale with the host's single-thread speed, not with FLOPs or bandwidth, so the
-step-time model (timing.py [DS-hooks]) takes them from this measurement when the probe has made it, and from
+step-time model (framework.py [DS-hooks]) takes them from this measurement when the probe has made it, and from
 constants measured on the development machine otherwise.
 
 How: a small Llama (PROBE_MODEL: 57 parameter tensors of small matrices, so that the per-parameter work is
 a few per cent of the whole) is trained in a subprocess with world size 1, once per ZeRO family (FAMILIES), each
-under the ds_config offload-launch itself writes for that strategy (planner + dsconfig.render), and once without
-DeepSpeed (inspection/passes.build_cut), with and without activation checkpointing, all taking turns. The
-median forward + backward with DeepSpeed less the bare model's median, less the per-parameter part the model
-charges anyway (timing.zero_param_seconds), over the tensors, is each family's seconds per tensor per
-micro-batch. Measured so on this machine (2 cores): ZeRO-3's hooks 2.4 ms per tensor, 2.65 ms with activation
+under the ds_config offload-launch itself writes for that strategy (built by the caller, job/measuring.py: the
+planner + dsconfig.render; this stage never plans), and once without DeepSpeed (measure/passes.build_cut), with and
+without activation checkpointing, all taking turns. The subprocess prints each pass's median (`measure`); the
+caller subtracts the bare model's median and the per-parameter part the model charges anyway
+(framework.zero_param_seconds) and divides by the tensors (`per_tensor_costs`): each family's seconds per tensor
+per micro-batch. Measured so on this machine (2 cores): ZeRO-3's hooks 2.4 ms per tensor, 2.65 ms with activation
 checkpointing (1.1x, not the 1.5x a third pass would cost: the backward finds the recomputed forward's
 parameters still gathered), its fetch from CPU memory 0.02-0.09 ms, ZeRO-2's hook 0.16-0.25 ms, 0.31-0.40 ms
 with the optimizer offloaded. Bounded: about 15 s on two cores, DeepSpeed's import included.
 
-`python -m launcher.inspection.zero_costs` prints the figures as one JSON object (the probe runs it so, as a
-rank is run: DeepSpeed's process group and accelerator stay out of the calling process).
+`python -m launcher.measure.zero_costs FOLDER DEVICE` prints the medians as one JSON object (the caller runs it so, as
+a rank is run: DeepSpeed's process group and accelerator stay out of the calling process). FOLDER holds the probe
+model's config.json and `ds_configs.json`, {family: ds_config} (write_model, write_configs).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 # A Llama-shaped model small enough that its passes are mostly framework: 6 blocks of 9 tensors + 3.
 PROBE_MODEL = dict(
@@ -46,7 +50,7 @@ PROBE_MODEL = dict(
 )
 MICRO_BATCH, SEQ_LEN = 2, 32
 # family -> (ZeRO stage, optimizer offload, parameter offload, activation checkpointing): the costs
-# timing.ZERO_TENSOR_SECONDS names
+# rates.ZERO_TENSOR_SECONDS names
 FAMILIES = {
     "zero12_hook": ("2", "none", "none", False),
     "offload_hook": ("2", "cpu", "none", False),
@@ -54,27 +58,32 @@ FAMILIES = {
     "zero3_hook_recompute": ("3", "none", "none", True),
     "zero3_fetch": ("3", "cpu", "cpu", False),  # less zero3_hook: what offloading the parameters adds
 }
+BARE = {False: "bare", True: "bare_recompute"}  # the model without DeepSpeed, by activation checkpointing
 WARMUP, REPEATS = 2, 9
 TIMEOUT_SECONDS = 180  # the subprocess, DeepSpeed's import and a first JIT load of cpu_adam included
 
 
-def measure(cpu_memory_bytes_per_s: float, log=lambda _line: None) -> dict | None:
-    """{family: seconds per parameter tensor per micro-batch (timing.ZERO_TENSOR_SECONDS' names)} plus
-    "device" and "tensors", measured in a subprocess; None (and a line to `log`) when it could not run.
-    `cpu_memory_bytes_per_s`: the host's measured bandwidth, at which the per-parameter part is charged."""
-    from launcher.job.launch import free_port
+def write_model(folder: Path) -> None:
+    """The probe model's config.json (PROBE_MODEL) in `folder`, where the subprocess builds it from."""
+    from transformers import LlamaConfig
 
-    rank = {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }
+    LlamaConfig(**PROBE_MODEL).save_pretrained(folder)
+
+
+def write_configs(folder: Path, configs: dict) -> None:
+    """{family: ds_config} in `folder`, where the subprocess reads the configs its engines run under."""
+    (folder / "ds_configs.json").write_text(json.dumps(configs))
+
+
+def measure(folder: Path, device: str, port: int, log=lambda _line: None) -> dict | None:
+    """{"medians": {family or "bare"/"bare_recompute": seconds per forward + backward}, "device"}, timed in a
+    subprocess on the inputs in `folder` (write_model, write_configs), a one-rank process group on `port`; None
+    (and a line to `log`) when it could not run."""
+    rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env = {**os.environ, **rank}  # a one-rank process group on a port nobody listens on
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "launcher.inspection.zero_costs", str(cpu_memory_bytes_per_s)],
+            [sys.executable, "-m", "launcher.measure.zero_costs", str(folder), device],
             env=env,
             capture_output=True,
             text=True,
@@ -102,6 +111,12 @@ def _figures(stdout: str) -> dict | None:
     return None
 
 
+def excess_seconds(medians: dict) -> dict:
+    """Each family's median forward + backward less the bare model's (checkpointed as the family is): seconds per
+    micro-batch that DeepSpeed adds."""
+    return {f: medians[f] - medians[BARE[FAMILIES[f][3]]] for f in FAMILIES}
+
+
 def per_tensor_costs(deltas: dict, tensors: int, param_seconds: dict) -> dict:
     """Each family's seconds per tensor per micro-batch from its passes' excess over the bare model (`deltas`,
     seconds per micro-batch) less the per-parameter part (`param_seconds`, the same unit); the fetch as what
@@ -113,25 +128,6 @@ def per_tensor_costs(deltas: dict, tensors: int, param_seconds: dict) -> dict:
     return {f: v for f, v in per.items() if v > 0 or f not in ("zero3_hook", "zero3_hook_recompute")}
 
 
-def _ds_config(profile, host, family: str) -> dict:
-    """The ds_config offload-launch writes for this family's strategy on this host (pinned, so that it is chosen)."""
-    from launcher.config.dsconfig import render
-    from launcher.plan.planner import make_plan
-    from launcher.plan.workload import Workload
-
-    stage, optimizer, param, _ = FAMILIES[family]
-    workload = Workload(
-        seq_len=SEQ_LEN,
-        micro_batch=MICRO_BATCH,
-        activation_checkpointing=False,  # the model below is checkpointed or not; the config says nothing of it
-        zero_stage=stage,
-        offload_optimizer=optimizer,
-        offload_param=param,
-        steps=WARMUP + REPEATS,
-    )
-    return render(make_plan(profile, host, workload))
-
-
 def _engine_pass(config: dict, model_config, device: str, recompute: bool):
     """A DeepSpeed engine under `config` on a fresh model (checkpointed as the trainer does it, or not), and a
     function timing one forward + backward of it (the optimizer steps after each, untimed, as in training)."""
@@ -139,7 +135,7 @@ def _engine_pass(config: dict, model_config, device: str, recompute: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launcher.inspection.passes import enable_recompute
+    from launcher.measure.passes import enable_recompute
 
     model = AutoModelForCausalLM.from_config(model_config, dtype=torch.bfloat16)
     if recompute:
@@ -176,37 +172,20 @@ def _main() -> None:
 
     import deepspeed
     import torch
-    from transformers import LlamaConfig
+    from transformers import AutoConfig
 
-    from launcher.inspection.host import inspect_host
-    from launcher.inspection.model import inspect_model
-    from launcher.inspection.passes import build_cut
-    from launcher.plan.timing import zero_param_seconds
+    from launcher.measure.passes import build_cut
 
     warnings.filterwarnings("ignore")
-    host = inspect_host(None)
-    device = "cuda" if host.has_gpu else "cpu"
-    model_config = LlamaConfig(**PROBE_MODEL)
-    with tempfile.TemporaryDirectory(prefix="offload-launch-zero-costs-") as folder:
-        model_config.save_pretrained(folder)
-        profile = inspect_model(folder)
-        configs = {family: _ds_config(profile, host, family) for family in FAMILIES}
+    folder, device = Path(sys.argv[1]), sys.argv[2]
+    model_config = AutoConfig.from_pretrained(folder)
+    configs = json.loads((folder / "ds_configs.json").read_text())
     deepspeed.init_distributed()
     passes = {f: _engine_pass(configs[f], model_config, device, FAMILIES[f][3]) for f in FAMILIES}
     for recompute in (False, True):  # the bare model, with and without activation checkpointing
         bare = build_cut(model_config, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, recompute=recompute, device=device)
-        passes[("bare", recompute)] = bare
-    medians = time_rounds(passes)
-    deltas = {f: medians[f] - medians[("bare", FAMILIES[f][3])] for f in FAMILIES}
-    baseline = medians[("bare", False)]
-    bandwidth = float(sys.argv[1])
-    param_seconds = {
-        family: zero_param_seconds(profile.params, int(stage) >= 3, optimizer, param, bandwidth, host.has_gpu)
-        for family, (stage, optimizer, param, _) in FAMILIES.items()
-    }
-    tensors = len(profile.param_numels)
-    costs = per_tensor_costs(deltas, tensors, param_seconds)
-    print(json.dumps(costs | {"device": device, "tensors": tensors, "baseline_seconds": baseline}))
+        passes[BARE[recompute]] = bare
+    print(json.dumps({"medians": time_rounds(passes), "device": device}))
     torch.distributed.destroy_process_group()
 
 

@@ -1,12 +1,15 @@
-"""The passes measured at the model's shapes (launcher/inspection/passes.py): real forward and backward passes
-of the tiny model cut to one and three blocks on this CPU, cached, and skipped when they would take too long."""
+"""The passes measured at the model's shapes (launcher/measure/passes.py, run and cached by job/measuring.py): real
+forward and backward passes of the tiny model cut to one and three blocks on this CPU, cached, and skipped when they
+would take too long."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.inspection import passes
 from launcher.inspection.model import inspect_model
+from launcher.job import measuring
+from launcher.measure import cache
+from launcher.plan.workload import Workload
 from tests.helpers import save_config, tiny_llama_config
 
 
@@ -16,19 +19,10 @@ def tiny(tmp_path_factory):
     return inspect_model(str(save_config(config, tmp_path_factory.mktemp("tiny") / "model")))
 
 
-def measure(profile, cache_dir, said, **overrides):
-    arguments = dict(
-        micro_batch=2,
-        seq_len=32,
-        recompute=False,
-        device="cpu",
-        threads=1,
-        flops_per_s=1e11,
-        host_id="test-host",
-        cache_dir=cache_dir,
-        log=said.append,
-    )
-    return passes.measure_passes(profile, **(arguments | overrides))
+def measure(profile, cache_dir, said, micro_batch=2, seq_len=32, **overrides):
+    workload = Workload(micro_batch=micro_batch, seq_len=seq_len, activation_checkpointing=False)
+    arguments = dict(device="cpu", threads=1, flops_per_s=1e11, host_id="test-host", cache_dir=cache_dir)
+    return measuring.measure_passes(profile, workload, log=said.append, **(arguments | overrides))
 
 
 def test_a_block_costs_what_the_two_cuts_differ_by_and_the_result_is_cached(tiny, tmp_path):
@@ -43,7 +37,7 @@ def test_a_block_costs_what_the_two_cuts_differ_by_and_the_result_is_cached(tiny
     assert first["tokens"] == 64
     said.clear()
     assert measure(tiny, tmp_path, said) == first and said == []  # from the cache: nothing measured again
-    assert measure(tiny, tmp_path, said, measure=True, seq_len=16) != first  # another shape is another key
+    assert measure(tiny, tmp_path, said, seq_len=16) != first  # another shape is another key
 
 
 def test_a_model_shallower_than_the_cuts_is_cut_to_its_own_depth(tmp_path):
@@ -58,9 +52,17 @@ def test_a_one_block_model_cannot_tell_a_block_from_the_rest(tmp_path):
     assert measure(one, tmp_path, said) is None and said == []
 
 
-def test_a_dry_run_only_reads_the_cache(tiny, tmp_path):
-    said: list[str] = []
-    assert measure(tiny, tmp_path, said, measure=False) is None and said == []
+def test_the_cache_is_keyed_by_everything_the_passes_depend_on(tiny, tmp_path):
+    workload = Workload(micro_batch=2, seq_len=32, activation_checkpointing=False)
+    key = measuring.passes_key(tiny, workload, device="cpu", threads=1, host_id="h")
+    assert cache.load_passes(tmp_path, key) is None  # nothing measured: a plan reads no passes
+    for other in (
+        measuring.passes_key(tiny, workload, device="cpu", threads=2, host_id="h"),
+        measuring.passes_key(tiny, workload, device="cuda", threads=1, host_id="h"),
+        measuring.passes_key(tiny, workload, device="cpu", threads=1, host_id="another"),
+        measuring.passes_key(tiny, Workload(micro_batch=2, seq_len=32), device="cpu", threads=1, host_id="h"),
+    ):
+        assert other != key
 
 
 def test_cuts_that_would_take_too_long_are_not_built(tmp_path):

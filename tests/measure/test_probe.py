@@ -1,0 +1,120 @@
+"""`offload-launch probe` measures this host for real (quick sizes; launcher/measure/probe.py, run and cached by
+job/measuring.py), caches, and later plans use the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli import cli
+from launcher.inspection.host import aio_usable, host_id
+from launcher.job import measuring
+from launcher.measure import cache, probe
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.slow  # the real probe: CPU-Adam and async_io loaded, memory and FLOP rates measured
+def test_quick_probe_measures_caches_and_feeds_the_plan(cache_home, tmp_path, tiny_llama_dir):
+    args = ["probe", "--quick", "--json"]
+    nvme = None
+    if aio_usable():
+        nvme = tmp_path / "nvme"
+        nvme.mkdir()
+        args += ["--nvme-path", str(nvme)]
+    # a real process: DeepSpeed's op loader redirects file descriptors, which CliRunner's streams lack
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, XDG_CACHE_HOME=str(cache_home)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    figures = data["figures"]
+    assert figures["cpu_memory_bandwidth_bytes_per_s"] > 1e8  # > 0.1 GB/s on any machine
+    assert figures["cpu_adam_params_per_s"] > 1e6 and data["details"]["cpu_adam_threads"] >= 1
+    assert figures["cpu_flops_per_s"] > 1e8
+    if nvme is not None:
+        assert figures["nvme_read_bytes_per_s"] > 0 and figures["nvme_write_bytes_per_s"] > 0
+        assert set(data["aio"]) == {
+            "block_size",
+            "queue_depth",
+            "intra_op_parallelism",
+            "single_submit",
+            "overlap_events",
+            "use_gds",
+        }
+        assert list(nvme.iterdir()) == []  # the probe cleans up after itself
+    cached = cache.load_probe(cache.probe_path(cache_home / "offload-launch"), host_id())
+    assert cached is not None and cached["figures"] == figures and cached["date"] == data["date"]
+
+    plan = CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--dry-run", "--json"])
+    assert plan.exit_code == 0, plan.output
+    rates = json.loads(plan.stdout)["rates"]
+    assert rates["sources"]["cpu_adam_params_per_s"] == "measured"
+    assert rates["cpu_adam_params_per_s"] == pytest.approx(figures["cpu_adam_params_per_s"])
+
+
+def test_a_probe_of_another_host_is_ignored(cache_home):
+    path = cache.probe_path(cache_home / "offload-launch")
+    cache.save_probe(
+        probe.ProbeResult(host_id="someone-else", date="2026-01-01T00:00:00Z", figures={"x": 1}).to_json(), path
+    )
+    assert cache.load_probe(path, host_id()) is None
+    path.write_text("{damaged")
+    assert cache.load_probe(path, host_id()) is None
+
+
+def test_probe_rejects_a_missing_nvme_path(cache_home, tmp_path):
+    result = CliRunner().invoke(cli, ["probe", "--quick", "--nvme-path", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def _gpu_host(name: str, tflops=None):
+    from dataclasses import replace
+
+    from launcher.inspection.hostspec import load_host_spec
+    from tests.helpers import host_path
+
+    host = load_host_spec(host_path("1x-h100-80g"))
+    return replace(host, gpus=replace(host.gpus, name=name, tflops=tflops))
+
+
+def test_matmul_timing_runs_on_the_cpu_and_returns_a_positive_rate():
+    rate = probe.measure_matmul(64, 128, 96, device="cpu", repeats=2)
+    assert rate > 0
+    first, by_width = probe.measure_gpu_matmuls([(64, 160), (128, 352)], tokens=32, device="cpu", repeats=1)
+    assert set(by_width) == {"64", "128"} and first == by_width["64"] and all(v > 0 for v in by_width.values())
+    assert probe.matmul_shapes(4096, 11008, 2048) == [(2048, 4096, 4096), (2048, 4096, 11008)]
+
+
+def test_probe_passes_the_models_shapes_to_the_gpu_matmuls(monkeypatch, cache_home, tiny_llama_dir):
+    """`probe --model DIR --tokens N` times the GPU matmuls at that model's (hidden, intermediate)."""
+    seen = {}
+
+    def fake_run_probe(
+        nvme_path, *, quick, has_gpu, log, gpu_shapes=None, gpu_tokens=0, nvme_sweep=(), zero_costs=None
+    ):
+        seen.update(shapes=gpu_shapes, tokens=gpu_tokens, has_gpu=has_gpu)
+        return probe.ProbeResult(host_id="h", date="d", figures={})
+
+    # no GPU here: the probe sees a described H200 and records what it would time, without timing it
+    monkeypatch.setattr(measuring, "inspect_host", lambda nvme: _gpu_host("NVIDIA H200"))
+    monkeypatch.setattr(measuring, "run_probe", fake_run_probe)
+    result = CliRunner().invoke(cli, ["probe", "--model", str(tiny_llama_dir), "--tokens", "512", "--json"])
+    assert result.exit_code == 0, result.output
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    assert seen == {"shapes": [(config.hidden_size, config.intermediate_size)], "tokens": 512, "has_gpu": True}
