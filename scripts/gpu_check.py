@@ -260,6 +260,18 @@ def device_info(gpu: bool) -> dict:
     return info
 
 
+def child_environ(environ, *, gpu: bool) -> dict:
+    """The environment of the probe and the smoke runs: offline, unbuffered, and on the accelerator under test. On a
+    GPU no DS_ACCELERATOR at all (DeepSpeed picks CUDA itself): an inherited DS_ACCELERATOR=cpu (tests/conftest.py
+    sets one for the whole test run; a shell may too) would train every "GPU" run on the CPU, and pass."""
+    env = dict(environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if gpu:
+        env.pop("DS_ACCELERATOR", None)
+    else:
+        env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check.json", help="the JSON written (default gpu-check.json)")
@@ -276,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     gpu = torch.cuda.is_available() and not args.cpu
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    if not gpu:
-        env["DS_ACCELERATOR"] = "cpu"
+    env = child_environ(os.environ, gpu=gpu)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.own_cache:  # the plans read the probe from the tool's cache: keep both under --work

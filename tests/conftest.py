@@ -33,6 +33,8 @@ def _no_device_selection(request, monkeypatch):
     if request.node.get_closest_marker("gpu") is None:
         for name in ENVIRONMENT_TESTS_SET:
             monkeypatch.delenv(name, raising=False)
+    else:  # a GPU test and what it starts run on the GPU: DeepSpeed picks CUDA itself when nothing pins it
+        monkeypatch.delenv("DS_ACCELERATOR", raising=False)
 
 
 @pytest.fixture

@@ -42,12 +42,27 @@ def test_gpu_check_cpu_path_writes_predicted_vs_measured(tmp_path):
     assert len(run["losses"]) == 2
 
 
-def test_strategies_are_parsed_and_checked():
+def _gpu_check():
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(REPO / "scripts"))
+    return gpu_check
+
+
+def test_the_gpu_runs_never_inherit_the_cpu_accelerator():
+    """tests/conftest.py pins DS_ACCELERATOR=cpu for the whole test run: a GPU check started under pytest (the gpu
+    marker's tests) or from a shell that set it would otherwise train every 'GPU' run on the CPU, and pass."""
+    gpu_check = _gpu_check()
+    assert os.environ["DS_ACCELERATOR"] == "cpu"  # what this test run's children inherit
+    assert "DS_ACCELERATOR" not in gpu_check.child_environ(os.environ, gpu=True)
+    assert gpu_check.child_environ({}, gpu=False)["DS_ACCELERATOR"] == "cpu"
+    assert gpu_check.child_environ({"DS_ACCELERATOR": "cuda"}, gpu=True)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_strategies_are_parsed_and_checked():
+    gpu_check = _gpu_check()
     assert gpu_check.parse_strategies("2:none:none, 3:cpu:cpu") == [("2", "none", "none"), ("3", "cpu", "cpu")]
     with pytest.raises(SystemExit):
         gpu_check.parse_strategies("3:gpu:cpu")

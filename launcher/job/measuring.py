@@ -9,6 +9,7 @@ figures the plan reads, and caches them (measure/cache.py). The plan only ever r
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from launcher.errors import UserInputError
 from launcher.files import tool_cache_dir
 from launcher.inspection.host import host_id, inspect_host
 from launcher.inspection.model import inspect_model
+from launcher.job import build_locks
 from launcher.measure import cache, zero_costs
 from launcher.measure import passes as cuts
 from launcher.measure.probe import AIO_SWEEP, GPU_MATMUL_TOKENS, ProbeResult, run_probe
@@ -33,6 +35,7 @@ def fill_cache(plan, *, nvme_path: str | None, trust_remote_code: bool, log: Log
     """Before a real run on this host: measure what `plan` (planned from the cache) ran on without measuring it (the
     probe, or its NVMe folder; ZeRO's per-tensor cost; the passes at the model's shapes and the workload's tokens),
     and cache it, so that planning again reads every figure measured."""
+    build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # the probe builds cpu_adam and async_io
     identity = host_id()
     path = cache.probe_path(tool_cache_dir())
     probe = cache.load_probe(path, identity)
@@ -71,6 +74,7 @@ def probe_and_cache(
     `model` (a hub id or folder): the GPU matmuls are timed at its (hidden, intermediate) shapes, with `tokens` rows
     (micro-batch x sequence length); without it at the probe's default shapes. Not `quick`: ZeRO's per-tensor cost
     too (~15 s)."""
+    build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # it builds cpu_adam and async_io
     host = inspect_host(nvme_path)
     if nvme_path and not host.nvme.aio_usable:
         raise UserInputError(

@@ -20,7 +20,7 @@ from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped, UserInpu
 from launcher.files import folder_bytes
 from launcher.inspection import host as live_host
 from launcher.inspection.host import aio_usable, op_usable
-from launcher.job import launch
+from launcher.job import build_locks, launch
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
 from launcher.plan.capacity import NVME_USABLE_FRACTION
 from launcher.plan.planner import Plan
@@ -382,11 +382,14 @@ def enforce(
     """This machine's limits against the plan, before anything is written or started: every non-fatal problem
     (all of them when not `fatal`, as in a dry run) goes to `warn`; then the first fatal one stops the run
     with its exit code. First a real run frees the /dev/shm that killed runs left (`shm_leftovers`), when the
-    /dev/shm check is among `checks`, and says so when the run goes ahead. `config`: the final ds_config (see
-    find_problems)."""
+    /dev/shm check is among `checks`, and says so when the run goes ahead, and removes the JIT-build locks killed
+    builds left (build_locks.py; a dry run on this machine says what it would remove). `config`: the final
+    ds_config (see find_problems)."""
     freed = None
     if "shm" in checks and (fatal or plan.host.source == "live"):
         _buffers, freed = shm_leftovers(remove=fatal)
+    if fatal or plan.host.source == "live":  # a killed JIT build's lock would hang the ranks, silently
+        build_locks.clear_stale_locks(os.environ, remove=fatal, warn=warn)
     problems = find_problems(plan, own_swap_dir, config, checks=checks)
     for problem in problems:
         if not (fatal and problem.fatal):
