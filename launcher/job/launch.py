@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import stops
+from launcher.job import supervise
 from launcher.job.sbatch import RANK_SCRIPT
 
 ENTRY_MODULE = "launcher.rank"
 STOP_GRACE_SECONDS = 30
+# After a hard kill of this process (job/supervise.py): the ranks' SIGTERM, then SIGKILL this much later
+ORPHAN_GRACE_SECONDS = 5.0
 TIMEOUT_EXIT = 124  # as coreutils' timeout(1)
 
 
@@ -190,15 +193,16 @@ def run(
     """Start the launcher in its own process group and wait. Ctrl-C / SIGTERM stop every rank; so does
     `timeout` (seconds), after which the exit code is TIMEOUT_EXIT. `stdout_to_stderr` keeps the ranks'
     output off stdout (for --json, whose stdout is one object). `inherit_fds` stay open in the launcher: the
-    output folder's lock, so that it is held as long as DeepSpeed's runner lives, even if this process is
-    killed and the runner (in its own session) carries on."""
+    output folder's lock, so that it is held as long as DeepSpeed's runner lives. The group's leader is
+    job/supervise.py: if this process is killed outright, it stops the runner and the ranks within
+    ORPHAN_GRACE_SECONDS, and the lock is free."""
     stops.honour()  # a stop swallowed by a finalizer on the way here: never start the ranks after it
     if "--include" in argv:
         # The devices are named in --include: DeepSpeed's runner would only print that it ignores
         # CUDA_VISIBLE_DEVICES, delete it, and count the GPUs (to check the ids) with it still read by CUDA.
         base_env = {k: v for k, v in base_env.items() if k != "CUDA_VISIBLE_DEVICES"}
     process = subprocess.Popen(
-        argv,
+        supervise.command(os.getpid(), ORPHAN_GRACE_SECONDS, inherit_fds, argv),  # nothing outlives this process
         env={**base_env, **env},
         start_new_session=True,
         stdout=sys.stderr if stdout_to_stderr else None,

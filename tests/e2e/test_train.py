@@ -92,6 +92,39 @@ def test_two_ranks(tiny_model, tiny_data, tmp_path):
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))  # no leaked 66 MiB buffers
 
 
+def test_a_hard_killed_command_takes_its_ranks_with_it_and_the_next_run_resumes(tiny_model, tiny_data, tmp_path):
+    """SIGKILL of offload-launch (the OOM killer, a CI job's timeout) mid-training: within 10 s no process of the
+    run is left (job/supervise.py), the run folder's lock is free, and the same command resumes."""
+    import psutil
+
+    out = tmp_path / "run"
+    options = ("--steps", "400", "--save-every", "2", "--zero-stage", "2", "--offload-optimizer", "cpu")
+    proc = subprocess.Popen(
+        launch_args(tiny_model, tiny_data, out, *options),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    spec = str(out.resolve() / "run_spec.json")
+
+    def run_processes() -> list:
+        return [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.monotonic() + 600
+    while not list((out / "checkpoints").glob("step*/complete.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint within 10 minutes"
+        time.sleep(0.2)
+    assert run_processes(), "the ranks run"
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    while run_processes() and time.monotonic() - killed < 10:
+        time.sleep(0.2)
+    assert run_processes() == [], "a process of the run outlived the command by 10 s"
+    resumed = run_launch(tiny_model, tiny_data, out, *options)  # the lock is free
+    assert "resumed from step" in resumed.stderr
+
+
 def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
     import psutil
 
