@@ -29,6 +29,7 @@ __all__ = [
     "check_nvme_folder",
     "disk_free_bytes",
     "host_id",
+    "torch_cuda_build",
     "op_usable",
     "inspect_host",
     "inspect_nvme",
@@ -232,3 +233,27 @@ def host_id() -> str:
         [platform.node(), platform.processor(), str(os.cpu_count()), str(psutil.virtual_memory().total), gpus]
     )
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def torch_cuda_build() -> str | None:
+    """The CUDA release the installed torch was built for ("12.8"), read from torch/version.py without importing
+    torch (a dry run stays light); "" for a CPU build (or a ROCm one), None when torch is not installed or the file
+    does not say."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    return cuda_release(text)
+
+
+def cuda_release(version_py: str) -> str | None:
+    """torch/version.py's `cuda` ("12.8"; "" for None: a CPU or ROCm build); None when the text has none."""
+    found = re.search(r"^cuda\b[^=]*=\s*(None|'([^']*)'|\"([^\"]*)\")", version_py, re.MULTILINE)
+    if found is None:
+        return None
+    return found[2] or found[3] or ""

@@ -82,9 +82,25 @@ def planned_host(settings: Settings):
             host = with_nvme_path(host, settings.nvme_path)
     else:
         host = inspect_host(settings.nvme_path)
+        check_torch_sees_the_gpus(host)
     if settings.hostfile:
         host = replace(host, nodes=len(hostfile_hosts(settings.hostfile)))
     return host
+
+
+def check_torch_sees_the_gpus(host) -> None:
+    """A live host whose GPUs NVML sees, and a CPU build of torch: the plan would be for the GPUs and the first run
+    would die in its first CUDA call ("Torch not compiled with CUDA enabled"). One line with the fix instead."""
+    from launcher.inspection.host import torch_cuda_build
+
+    if host.has_gpu and torch_cuda_build() == "":
+        raise UserInputError(
+            f"this host has {host.gpus.count} NVIDIA GPU(s) ({host.gpus.name}), but the installed torch "
+            f"{installed_torch_version()} is a CPU build: install a CUDA build (pip install --force-reinstall torch "
+            "--index-url https://download.pytorch.org/whl/cu128, or the index for your driver from "
+            "https://pytorch.org/get-started/locally/), or plan for DeepSpeed's CPU accelerator with "
+            "CUDA_VISIBLE_DEVICES=''"
+        )
 
 
 def installed_torch_version() -> str | None:

@@ -44,3 +44,51 @@ def test_nvme_path_errors(tmp_path, kind):
         target.write_text("")
     with pytest.raises(UserInputError, match="does not exist" if kind == "missing" else "not a directory"):
         inspect_nvme(str(target))
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [
+        ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", "12.8"),
+        ('cuda = "11.8"\n', "11.8"),
+        ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n", ""),  # the CPU build
+        ("__version__ = '2.13.0'\n", None),  # says nothing
+    ],
+)
+def test_the_torch_build_is_read_from_its_version_file(text, release):
+    from launcher.inspection.host import cuda_release
+
+    assert cuda_release(text) == release
+
+
+def test_the_installed_torch_is_read_without_importing_it():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from launcher.inspection.host import torch_cuda_build as b; "
+        "print(repr(b()), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import torch
+
+    assert out == [repr(torch.version.cuda or ""), "False"]
+
+
+def test_gpus_with_a_cpu_build_of_torch_is_one_line_with_the_install_command(monkeypatch, tiny_llama_dir):
+    """NVML sees GPUs (a fake one: this machine has none), the installed torch is the CPU build (this machine's):
+    exit 2 with what to install, before anything is planned; CUDA_VISIBLE_DEVICES='' plans for the CPU instead."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+    from tests.inspection.test_cuda_devices import FakeNvml, four_gpus
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(four_gpus()))
+    result = CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert "4 NVIDIA GPU(s)" in line and "is a CPU build" in line and "download.pytorch.org/whl/cu" in line
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--dry-run"]).exit_code == 0
