@@ -41,10 +41,10 @@ Examples:
 def probe(nvme_path: str | None, quick: bool, model: str | None, tokens: int, **values) -> None:
     """Measure this host (memory and PCIe bandwidth, CPU-Adam throughput, GPU bf16 matmuls, NVMe) and cache
     the figures, with the date and the host's identity, where later plans on this host find them."""
-    from launcher.job.measuring import probe_and_cache
+    from launcher.job import measuring_process
 
     with stdout_to_stderr():  # DeepSpeed and the JIT compiler print to stdout; --json owns it
-        result, path = probe_and_cache(nvme_path, quick=quick, log=warn, model=model, tokens=tokens)
+        result, path = measuring_process.probe(nvme_path, quick=quick, log=warn, model=model, tokens=tokens)
     if values["json"]:
         echo_json(result.to_json() | {"cache": str(path)})
         return

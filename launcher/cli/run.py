@@ -154,16 +154,19 @@ def train(chosen, user, launcher_args: tuple[str, ...]) -> None:
 
 def measured_plan(chosen):
     """The plan a run trains on: planned from what this host's cache holds; when a real run would train on figures
-    never measured here, they are measured first (job/measuring.py, cached) and the run planned again from them.
+    never measured here, they are measured first (job/measuring.py, in a process that exits before the ranks start:
+    job/measuring_process.py; cached) and the run planned again from them.
     Every input the plan reads is checked by the first plan, before anything is measured."""
-    from launcher.job import measuring
+    from launcher.job import measuring_process
     from launcher.job import train as training
     from launcher.job.planning import build_plan
 
     plan = build_plan(chosen)
     if not chosen.dry_run and plan.chosen is not None and training.needs_rates(plan, chosen):
-        measuring.fill_cache(plan, nvme_path=chosen.nvme_path, trust_remote_code=chosen.trust_remote_code, log=warn)
-        plan = build_plan(chosen)
+        measuring_process.fill_cache(
+            plan, model=chosen.model, nvme_path=chosen.nvme_path, trust_remote_code=chosen.trust_remote_code, log=warn
+        )
+        plan = build_plan(chosen, after_measuring=True)
     return plan
 
 

@@ -229,9 +229,10 @@ def host_id() -> str:
             for i in range(pynvml.nvmlDeviceGetCount())
         )
         pynvml.nvmlShutdown()
-    identity = "|".join(
-        [platform.node(), platform.processor(), str(os.cpu_count()), str(psutil.virtual_memory().total), gpus]
-    )
+    # RAM in whole GiB: a VM's reported total drifts by a few MiB between boots (balloon drivers, firmware
+    # reservations), which is no new machine
+    memory_gib = round(psutil.virtual_memory().total / 2**30)
+    identity = "|".join([platform.node(), platform.processor(), str(os.cpu_count()), f"{memory_gib}GiB", gpus])
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 

@@ -6,8 +6,9 @@ with O_CREAT | O_EXCL) and removes it when the build ends. A build killed mid-wa
 timeout) never removes it, and every later process that needs the op spins in `FileBaton.wait()` forever, printing
 nothing: among DeepSpeed users' most reported hangs (the usual advice is to delete the folder by hand).
 
-A lock is stale when no process works in its folder (ninja and the compilers run with the build folder as their
-working directory: `cpp_extension._run_ninja_build`) and nothing in the folder changed for LOCK_GRACE_SECONDS (the
+A lock is stale when no build that will release it runs (ninja and the compilers work in the build folder,
+`cpp_extension._run_ninja_build`, started by torch's builder from elsewhere: compilers orphaned by a killed builder
+do not count, see live_build) and nothing in the folder changed for LOCK_GRACE_SECONDS (the
 builder writes build.ninja for a moment before ninja starts; a build on another machine sharing the folder writes
 its objects there). The op's whole folder goes, not only the lock: what the killed build
 left half-written is compiled again (about a minute per op)."""
@@ -35,29 +36,50 @@ def extension_roots(environ: Mapping[str, str]) -> list[Path]:
     return sorted(cache.glob(f"{python}_*"))
 
 
-def folders_in_use(proc: Path = Path("/proc")) -> set[Path]:
-    """The working directories of every process this user can see (a live build's ninja and compilers)."""
-    found = set()
+def processes(proc: Path = Path("/proc")) -> dict[int, tuple[int, Path]]:
+    """{pid: (parent pid, working directory)} of every process this user can see."""
+    found = {}
     for entry in proc.glob("[0-9]*"):
         try:
-            found.add(Path(os.readlink(entry / "cwd")))
-        except OSError:  # gone, or another user's
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            found[int(entry.name)] = (parent, Path(os.readlink(entry / "cwd")))
+        except (OSError, ValueError, IndexError):  # gone, or another user's
             continue
     return found
 
 
-def stale_locks(roots: list[Path], *, now: float | None = None, in_use: set[Path] | None = None) -> list[Path]:
-    """The build locks under `roots` that no live build holds (see the module's docstring)."""
+def live_build(folder: Path, table: dict[int, tuple[int, Path]]) -> bool:
+    """Whether a build that will release `folder`'s lock runs: a process working in the folder (ninja, the
+    compilers) started, through others working there, by one that does not (torch's builder, which holds the
+    lock). A compile whose builder was killed has been handed to PID 1: it may finish, but nobody releases the lock.
+    """
+
+    def inside(path: Path) -> bool:
+        return path == folder or folder in path.parents
+
+    for pid, (parent, cwd) in table.items():
+        if not inside(cwd):
+            continue
+        seen = {pid}
+        while parent in table and inside(table[parent][1]) and parent not in seen:
+            seen.add(parent)
+            parent = table[parent][0]
+        if parent > 1:
+            return True
+    return False
+
+
+def stale_locks(roots: list[Path], *, now: float | None = None, table: dict | None = None) -> list[Path]:
+    """The build locks under `roots` that no live build holds (see the module's docstring); `table`: processes()."""
     now = time.time() if now is None else now
-    in_use = folders_in_use() if in_use is None else in_use
+    table = processes() if table is None else table
     stale = []
     for lock in sorted(lock for root in roots for lock in root.glob(f"*/{LOCK_NAME}")):
         try:  # the folder's newest change: a build elsewhere (a shared home folder, another node) writes there
             age = now - max(path.stat().st_mtime for path in (lock, *lock.parent.iterdir()))
         except OSError:  # released meanwhile
             continue
-        folder = lock.parent.resolve()
-        if age > LOCK_GRACE_SECONDS and not any(path == folder or folder in path.parents for path in in_use):
+        if age > LOCK_GRACE_SECONDS and not live_build(lock.parent.resolve(), table):
             stale.append(lock)
     return stale
 

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.errors import UserInputError
+from launcher.errors import OffloadLaunchError, UserInputError
 from launcher.files import tool_cache_dir
 from launcher.inspection.host import host_id, inspect_host
 from launcher.inspection.model import inspect_model
@@ -31,10 +31,13 @@ Log = Callable[[str], None]
 PASSES_BUDGET_SECONDS = 15.0  # the passes' whole measurement: a warm-up and measure/passes.REPEATS rounds of each cut
 
 
-def fill_cache(plan, *, nvme_path: str | None, trust_remote_code: bool, log: Log) -> None:
-    """Before a real run on this host: measure what `plan` (planned from the cache) ran on without measuring it (the
-    probe, or its NVMe folder; ZeRO's per-tensor cost; the passes at the model's shapes and the workload's tokens),
-    and cache it, so that planning again reads every figure measured."""
+def fill_cache(
+    host, model, workload: Workload, *, ranks: int, nvme_path: str | None, trust_remote_code: bool, log: Log
+) -> None:
+    """Before a real run on this host: measure what a plan of `model` at the (resolved) `workload` with `ranks`
+    ranks per node read from the cache without finding it (the probe, or its NVMe folder; ZeRO's per-tensor cost;
+    the passes at the model's shapes and the workload's tokens), and cache it, so that planning again reads every
+    figure measured. In the process job/measuring_process.py starts."""
     build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # the probe builds cpu_adam and async_io
     identity = host_id()
     path = cache.probe_path(tool_cache_dir())
@@ -47,12 +50,12 @@ def fill_cache(plan, *, nvme_path: str | None, trust_remote_code: bool, log: Log
     if "zero_tensor_seconds" not in probe["details"]:
         log("no measured ZeRO per-tensor cost for this host yet: measuring it once (cached) ...")
         probe = with_zero_costs(probe, path, log)
-    first = resolve_rates(plan.host, probe["figures"], probe["details"], plan.model.hidden_size)
+    first = resolve_rates(host, probe["figures"], probe["details"], model.hidden_size)
     measure_passes(
-        plan.model,
-        plan.workload,
-        device=rank_device(plan.host),
-        threads=rank_threads(plan.host, plan.ranks_per_node),
+        model,
+        workload,
+        device=rank_device(host),
+        threads=rank_threads(host, ranks),
         flops_per_s=first.compute_flops_per_s,
         host_id=identity,
         log=log,
@@ -121,7 +124,11 @@ def measure_zero_costs(host, cpu_memory_bytes_per_s: float, log: Log) -> dict:
     log("ZeRO's cost per parameter tensor (a small model under DeepSpeed, one rank per ZeRO family) ...")
     device = rank_device(host)
     with tempfile.TemporaryDirectory(prefix="offload-launch-zero-costs-") as folder:
-        profile, configs = zero_cost_configs(Path(folder), host)
+        try:
+            profile, configs = zero_cost_configs(Path(folder), host)
+        except (ValueError, OffloadLaunchError) as exc:  # a family that does not fit here (a GPU another job fills)
+            log(f"ZeRO's per-tensor cost: not measured ({exc}); the plan uses nominal figures")
+            return {"zero_tensor_seconds": {}}
         zero_costs.write_configs(Path(folder), configs)
         raw = zero_costs.measure(Path(folder), device, free_port(), log)
     if raw is None:

@@ -39,9 +39,11 @@ def workload(settings: Settings) -> Workload:
     return Workload(**{f.name: getattr(settings, f.name) for f in fields(Workload) if f.name in DECLARATIONS})
 
 
-def build_plan(settings: Settings) -> Plan:
+def build_plan(settings: Settings, *, after_measuring: bool = False) -> Plan:
     """Inspect the host (live, or the described one) and the model, then plan with the rates this host's cache
-    holds (job/measuring.py fills it before a real run), else described or nominal ones."""
+    holds (job/measuring.py fills it before a real run), else described or nominal ones. A plan of this host on
+    nominal figures says so and how to measure them, unless it follows a measuring pass (`after_measuring`): what
+    is still nominal then cannot be measured here."""
     from launcher.inspection.host import host_id
     from launcher.inspection.model import inspect_model
     from launcher.plan.planner import make_plan
@@ -65,7 +67,7 @@ def build_plan(settings: Settings) -> Plan:
     plan = make_plan(
         model, host, asked, rates, aio, alloc_conf(host, settings), calibration, deepspeed_version=deepspeed
     )
-    if host.source == "live" and (note := nominal_note(host, rates)):
+    if host.source == "live" and not after_measuring and (note := nominal_note(host, rates)):
         plan = replace(plan, warnings=(*plan.warnings, note))
     return plan
 

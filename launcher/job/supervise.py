@@ -33,10 +33,15 @@ def command(parent: int, grace: float, fds: tuple[int, ...], argv: list[str]) ->
     return [sys.executable, "-m", "launcher.job.supervise", str(parent), str(grace), fds_arg, "--", *argv]
 
 
-def _notify_on_parent_death() -> None:
-    """SIGUSR1 to this process when its parent dies (Linux; elsewhere the polling alone notices)."""
+def _on_parent_death(sig: int) -> None:
+    """Have the kernel send `sig` to this process when its parent dies (Linux; elsewhere nothing)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def die_with_parent() -> None:
+    """A child's preexec_fn: SIGTERM to it when the process that started it dies (job/measuring_process.py)."""
+    _on_parent_death(signal.SIGTERM)
 
 
 def _stop_group(grace: float, runner: subprocess.Popen) -> None:
@@ -63,7 +68,7 @@ def main(args: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)  # the group's signals are for the runner and the ranks
     orphaned: list[int] = []
     signal.signal(signal.SIGUSR1, lambda signum, _frame: orphaned.append(signum))
-    _notify_on_parent_death()
+    _on_parent_death(signal.SIGUSR1)
     runner = subprocess.Popen(argv, pass_fds=fds, preexec_fn=_default_signals)
     for fd in fds:  # the runner holds them now; this process must not keep the lock once the runner is gone
         os.close(fd)

@@ -26,7 +26,14 @@ def load_probe(path: Path, current_host_id: str) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("host_id") != current_host_id or "figures" not in data:
         return None
-    return {"aio": {}, "details": {}} | data
+    # ProbeResult's fields in its order: a probe saved again (job/measuring.with_zero_costs) keeps its layout
+    return {
+        "host_id": data["host_id"],
+        "date": data.get("date", ""),
+        "figures": data["figures"],
+        "aio": data.get("aio", {}),
+        "details": data.get("details", {}),
+    }
 
 
 def save_probe(data: dict, path: Path) -> None:

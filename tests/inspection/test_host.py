@@ -92,3 +92,20 @@ def test_gpus_with_a_cpu_build_of_torch_is_one_line_with_the_install_command(mon
     assert "4 NVIDIA GPU(s)" in line and "is a CPU build" in line and "download.pytorch.org/whl/cu" in line
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert CliRunner().invoke(cli, ["--model", str(tiny_llama_dir), "--dry-run"]).exit_code == 0
+
+
+def test_the_host_identity_survives_a_few_mib_of_ram_drift(monkeypatch):
+    """A VM reports a few MiB more or less RAM after a reboot: the same machine, the same cached measurements."""
+    from collections import namedtuple
+
+    import psutil
+
+    from launcher.inspection.host import host_id
+
+    memory = namedtuple("memory", "total available")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(24 * 2**30 + 3 * 2**20, 0))
+    before = host_id()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(24 * 2**30 - 5 * 2**20, 0))
+    assert host_id() == before
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(32 * 2**30, 0))
+    assert host_id() != before  # more RAM installed: another machine for the cache

@@ -49,12 +49,13 @@ def test_a_dry_run_says_what_to_remove_and_removes_nothing(tmp_path):
 
 
 def test_a_lock_a_live_build_holds_is_left_alone(tmp_path):
-    """A process working in the op's folder (ninja, the compiler) is a live build, however old its lock."""
+    """A process working in the op's folder (ninja, the compiler), started by a builder working elsewhere (torch's
+    cpp_extension, which holds the lock), is a live build however old the lock."""
     lock = _lock(tmp_path, "cpu_adam", age_seconds=600)
-    builder = subprocess.Popen(["sleep", "30"], cwd=lock.parent)
+    builder = subprocess.Popen(["sleep", "30"], cwd=lock.parent)  # its parent, this test, works elsewhere
     try:
         deadline = time.monotonic() + 5
-        while lock.parent.resolve() not in build_locks.folders_in_use() and time.monotonic() < deadline:
+        while builder.pid not in build_locks.processes() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert build_locks.stale_locks([tmp_path]) == []
     finally:
@@ -63,11 +64,23 @@ def test_a_lock_a_live_build_holds_is_left_alone(tmp_path):
     assert build_locks.stale_locks([tmp_path]) == [lock]  # the builder gone: now it is stale
 
 
+def test_compilers_a_killed_builder_left_running_hold_no_lock(tmp_path):
+    """The builder was killed (SIGKILL, a timeout) while ninja compiled: ninja and its compilers carry on, handed
+    to PID 1, and may even finish, but nobody will release the lock: it is stale."""
+    lock = _lock(tmp_path, "async_io", age_seconds=600)
+    folder = lock.parent.resolve()
+    elsewhere = tmp_path.resolve()
+    orphaned = {500: (1, folder), 501: (500, folder), 502: (501, folder)}  # ninja <- sh <- cc1plus
+    assert build_locks.stale_locks([tmp_path], table=orphaned) == [lock]
+    building = {400: (1, elsewhere), 500: (400, folder), 501: (500, folder)}  # torch's builder <- ninja <- cc1plus
+    assert build_locks.stale_locks([tmp_path], table=building) == []
+
+
 def test_a_folder_still_written_to_is_a_live_build_elsewhere(tmp_path):
     """A home folder shared by several machines: a build on another node writes its objects there."""
     lock = _lock(tmp_path, "cpu_adam", age_seconds=600)
     (lock.parent / "adam.o").write_bytes(b"just compiled")
-    assert build_locks.stale_locks([tmp_path], in_use=set()) == []
+    assert build_locks.stale_locks([tmp_path], table={}) == []
 
 
 def test_torch_would_wait_forever_on_it(tmp_path):

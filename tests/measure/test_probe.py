@@ -16,6 +16,15 @@ from launcher.inspection.host import aio_usable, host_id
 from launcher.job import measuring
 from launcher.measure import cache, probe
 
+CLI_REPORTING_IMPORTS = (
+    "import atexit, json, sys\n"
+    "atexit.register(lambda: print(json.dumps([m for m in ('torch', 'deepspeed') if m in sys.modules]), "
+    "file=sys.stderr))\n"
+    "from launcher.cli import main\n"
+    "sys.argv = ['offload-launch', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
 
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
@@ -31,15 +40,18 @@ def test_quick_probe_measures_caches_and_feeds_the_plan(cache_home, tmp_path, ti
         nvme = tmp_path / "nvme"
         nvme.mkdir()
         args += ["--nvme-path", str(nvme)]
-    # a real process: DeepSpeed's op loader redirects file descriptors, which CliRunner's streams lack
+    # a real process: DeepSpeed's op loader redirects file descriptors, which CliRunner's streams lack; at its exit it
+    # says which of torch and DeepSpeed it imported: none, the measuring ran in a child that exited first
+    # (job/measuring_process.py), so the CLI never initialized CUDA nor held GPU memory on a GPU host
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
+        [sys.executable, "-c", CLI_REPORTING_IMPORTS, *args],
         capture_output=True,
         text=True,
         timeout=600,
         env=dict(os.environ, XDG_CACHE_HOME=str(cache_home)),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == [], "the CLI process imported torch or DeepSpeed"
     data = json.loads(proc.stdout)
     figures = data["figures"]
     assert figures["cpu_memory_bandwidth_bytes_per_s"] > 1e8  # > 0.1 GB/s on any machine
@@ -100,7 +112,8 @@ def test_matmul_timing_runs_on_the_cpu_and_returns_a_positive_rate():
 
 
 def test_probe_passes_the_models_shapes_to_the_gpu_matmuls(monkeypatch, cache_home, tiny_llama_dir):
-    """`probe --model DIR --tokens N` times the GPU matmuls at that model's (hidden, intermediate)."""
+    """`probe --model DIR --tokens N` times the GPU matmuls at that model's (hidden, intermediate) (measured in the
+    child job/measuring_process.py starts, which calls probe_and_cache as here)."""
     seen = {}
 
     def fake_run_probe(
@@ -112,9 +125,19 @@ def test_probe_passes_the_models_shapes_to_the_gpu_matmuls(monkeypatch, cache_ho
     # no GPU here: the probe sees a described H200 and records what it would time, without timing it
     monkeypatch.setattr(measuring, "inspect_host", lambda nvme: _gpu_host("NVIDIA H200"))
     monkeypatch.setattr(measuring, "run_probe", fake_run_probe)
-    result = CliRunner().invoke(cli, ["probe", "--model", str(tiny_llama_dir), "--tokens", "512", "--json"])
-    assert result.exit_code == 0, result.output
+    measuring.probe_and_cache(None, quick=False, log=lambda _line: None, model=str(tiny_llama_dir), tokens=512)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_llama_dir)
     assert seen == {"shapes": [(config.hidden_size, config.intermediate_size)], "tokens": 512, "has_gpu": True}
+
+
+def test_a_probe_read_back_keeps_its_layout(cache_home):
+    """job/measuring.with_zero_costs saves a cached probe again: its fields stay in ProbeResult's order."""
+    path = cache.probe_path(cache_home / "offload-launch")
+    path.parent.mkdir(parents=True)
+    shuffled = {"details": {"quick": False}, "figures": {"x": 1.0}, "date": "d", "aio": {}, "host_id": host_id()}
+    path.write_text(json.dumps(shuffled))
+    assert list(cache.load_probe(path, host_id())) == list(
+        probe.ProbeResult(host_id="h", date="d", figures={}).to_json()
+    )

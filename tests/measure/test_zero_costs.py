@@ -4,10 +4,10 @@ arithmetic of job/measuring.py)."""
 from __future__ import annotations
 
 import pytest
-from launcher.plan.rates import ZERO_TENSOR_SECONDS
 
 from launcher.job import measuring
 from launcher.measure import zero_costs
+from launcher.plan.rates import ZERO_TENSOR_SECONDS
 
 
 def test_each_family_is_its_excess_over_the_bare_model_per_tensor_less_the_per_parameter_part():
@@ -77,3 +77,16 @@ def test_measured_for_real_under_deepspeed():
     assert 2e-4 < costs["zero3_hook"] < 2e-2  # ms-scale Python hooks (2.4 ms on the 2-core development machine)
     assert costs["zero3_hook"] > 3 * costs["zero12_hook"]  # a fetch and a release per pass against one hook
     assert costs["zero3_hook_recompute"] > 0.8 * costs["zero3_hook"]
+
+
+def test_a_family_that_does_not_fit_here_leaves_the_nominal_figures(tmp_path):
+    """A host whose RAM (or GPU) another job fills: the families' configs cannot be written, and the probe keeps
+    its other figures instead of failing; the plan says the cost was not measurable."""
+    from dataclasses import replace
+
+    from launcher.inspection.host import inspect_host
+
+    crowded = replace(inspect_host(None), cpu_memory_available_bytes=64 * 2**20)
+    said: list[str] = []
+    assert measuring.measure_zero_costs(crowded, 20e9, log=said.append) == {"zero_tensor_seconds": {}}
+    assert "not measured" in said[-1] and "nominal figures" in said[-1]
