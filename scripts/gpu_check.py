@@ -201,18 +201,28 @@ def smoke_run(
     spec = _read_json(out / "run_spec.json") or {}
     predicted_step = (spec.get("predicted") or {}).get("step_seconds")
     losses = (loss.get("details") or {}).get("losses") or []
-    measured_step = loss["seconds"] / len(losses) if losses and loss.get("seconds") else None
+    measured_step, how = warm_step_seconds((loss.get("details") or {}).get("step_seconds") or [])
     record["gpu_bytes_per_device"] = band(
         predicted_memory.get("gpu_bytes_per_device"), measured_memory.get("gpu_bytes_per_device")
     )
     record["cpu_bytes_per_node"] = band(
         predicted_memory.get("cpu_bytes_per_node"), measured_memory.get("cpu_bytes_per_node")
     )
-    record["step_seconds"] = band(predicted_step, measured_step) | {
-        "measured_how": f"mean over the smoke run's {len(losses)} steps, the first (warm-up) included"
-    }
+    record["step_seconds"] = band(predicted_step, measured_step) | {"measured_how": how}
     record["losses"] = losses
     return record
+
+
+def warm_step_seconds(steps: list[float]) -> tuple[float | None, str]:
+    """(seconds, how): the median of a smoke run's steps after the first, which compiles kernels and warms the
+    allocator up (the plan predicts a step of the run, not its first); with one step, that one."""
+    import statistics
+
+    if len(steps) >= 2:
+        return statistics.median(steps[1:]), f"median of the smoke run's {len(steps) - 1} steps after the first"
+    if steps:
+        return steps[0], "the smoke run's only step (warm-up included)"
+    return None, "no step timed"
 
 
 def _read_json(path: Path) -> dict | None:
@@ -260,6 +270,13 @@ def device_info(gpu: bool) -> dict:
     return info
 
 
+def default_work_root() -> Path:
+    """Where the check works by default: build/ in this checkout (git-ignored, on the disk the checkout is on)."""
+    root = REPO / "build"
+    root.mkdir(exist_ok=True)
+    return root
+
+
 def child_environ(environ, *, gpu: bool) -> dict:
     """The environment of the probe and the smoke runs: offline, unbuffered, and on the accelerator under test. On a
     GPU no DS_ACCELERATOR at all (DeepSpeed picks CUDA itself): an inherited DS_ACCELERATOR=cpu (tests/conftest.py
@@ -275,7 +292,7 @@ def child_environ(environ, *, gpu: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check.json", help="the JSON written (default gpu-check.json)")
-    parser.add_argument("--work", help="folder for the model, the runs and the probe cache (default: a temp dir)")
+    parser.add_argument("--work", help="folder for the model, the runs and the probe cache (default: under build/)")
     parser.add_argument("--cpu", action="store_true", help="DeepSpeed's CPU accelerator even with a GPU")
     parser.add_argument("--strategies", help="STAGE:OPTIMIZER:PARAM,... (default: every family on a GPU)")
     parser.add_argument("--steps", type=int, help="optimizer steps per smoke run (default 5 on a GPU, 2 on CPU)")
@@ -289,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     gpu = torch.cuda.is_available() and not args.cpu
     env = child_environ(os.environ, gpu=gpu)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    # on a real disk: /tmp is tmpfs on many hosts, which the tool refuses as an NVMe folder (it lives in RAM)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-", dir=default_work_root()))
     work.mkdir(parents=True, exist_ok=True)
     if args.own_cache:  # the plans read the probe from the tool's cache: keep both under --work
         env.setdefault("TORCH_EXTENSIONS_DIR", default_extensions_dir())  # compiled ops stay shared
@@ -310,16 +328,25 @@ def main(argv: list[str] | None = None) -> int:
         nvme = work / "nvme-probe"
         nvme.mkdir(exist_ok=True)
     log("probe ...")
-    probed = probe(
-        model, workload["seq_len"] * workload["micro_batch"], env, quick=args.quick_probe or not gpu, nvme=nvme
-    )
+    tokens = workload["seq_len"] * workload["micro_batch"]
+    probed = probe(model, tokens, env, quick=args.quick_probe or not gpu, nvme=nvme)
+    if not probed["ok"] and nvme is not None:  # the NVMe part alone failing must not fail every strategy
+        log("probe FAILED with the NVMe folder; probing again without it (the NVMe strategy is then skipped)")
+        probed = probe(model, tokens, env, quick=args.quick_probe or not gpu, nvme=None) | {"nvme_error": probed}
+        has_aio = False
     log(f"probe {'done' if probed['ok'] else 'FAILED'} in {probed['seconds']:.0f} s")
 
     runs = []
     for strategy in strategies:
         name = "zero{}-{}-{}".format(*strategy)
         if "nvme" in strategy[1:] and not has_aio:
-            why = "--no-nvme" if args.no_nvme else "DeepSpeed's async_io is not usable here (libaio missing)"
+            why = (
+                "--no-nvme"
+                if args.no_nvme
+                else "the NVMe probe failed (see probe.nvme_error)"
+                if "nvme_error" in probed
+                else "DeepSpeed's async_io is not usable here (libaio missing)"
+            )
             runs.append({"strategy": name, "skipped": why})
             log(f"{name}: skipped (no libaio)")
             continue

@@ -66,5 +66,8 @@ def test_strategies_are_parsed_and_checked():
     assert gpu_check.parse_strategies("2:none:none, 3:cpu:cpu") == [("2", "none", "none"), ("3", "cpu", "cpu")]
     with pytest.raises(SystemExit):
         gpu_check.parse_strategies("3:gpu:cpu")
+    warm, how = gpu_check.warm_step_seconds([9.0, 1.0, 3.0, 2.0])  # the first step compiles: left out
+    assert warm == 2.0 and how == "median of the smoke run's 3 steps after the first"
+    assert gpu_check.warm_step_seconds([4.0])[0] == 4.0 and gpu_check.warm_step_seconds([])[0] is None
     assert gpu_check.band(2.0, 3.0) == {"predicted": 2.0, "measured": 3.0, "measured_over_predicted": 1.5}
     assert gpu_check.band(None, 3.0)["measured_over_predicted"] is None

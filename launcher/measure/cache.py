@@ -44,8 +44,9 @@ def passes_key(
     config: dict, *, host_id: str, device: str, threads: int, tokens: tuple[int, int], recompute: bool
 ) -> str:
     """The passes' identity: the model's config, the host, the device and threads a rank gets, (micro-batch,
-    sequence length), recomputation, torch's version, the cuts and the estimator."""
-    import torch
+    sequence length), recomputation, torch's version (from its metadata, as torch.__version__ reads for a wheel:
+    a plan does not import torch), the cuts and the estimator."""
+    from importlib.metadata import version
 
     identity = json.dumps(
         [
@@ -55,7 +56,7 @@ def passes_key(
             threads,
             list(tokens),
             recompute,
-            torch.__version__,
+            version("torch"),
             CUT_LAYERS,
             ESTIMATOR,
         ],

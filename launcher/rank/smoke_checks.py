@@ -171,14 +171,17 @@ def loss_check(trainer: Trainer, batch: dict) -> Check:
     losses: list[float] = []
     skipped: list[bool] = []
     scales: list[float] | None = [] if scaler else None
+    step_seconds: list[float] = []  # each step's, the first (compilation, allocator warm-up) included
     stopped = None
     engine.train()
     while len(losses) < steps + (min(leading_skips(skipped), CALIBRATION_STEPS) if scaler else 0):
         before = int(engine.skipped_steps)
         if scales is not None:
             scales.append(loss_scale(engine.optimizer)[0])
+        started = time.perf_counter()
         try:
             losses.append(trainer.train_step(lambda _micro: batch, len(losses) + 1))
+            step_seconds.append(time.perf_counter() - started)
         except Exception as exc:
             if AT_MINIMUM not in str(exc):  # every rank's scaler saw the same (all-reduced) overflow: all raise
                 raise
@@ -194,6 +197,7 @@ def loss_check(trainer: Trainer, batch: dict) -> Check:
     else:
         learned, message = loss_verdict(losses, skipped, scales, scaler[1] if scaler else None)
     details = {"losses": losses, "skipped_steps": sum(skipped), "skipped": skipped, "loss_scales": scales}
+    details["step_seconds"] = step_seconds
     if stopped:
         details["stopped"] = stopped
     return Check("loss", learned, message, seconds, details)
