@@ -26,6 +26,7 @@ from launcher.inspection.hostprofile import HostProfile, NvmeSpec
 
 __all__ = [
     "aio_usable",
+    "can_lock_unlimited",
     "check_nvme_folder",
     "disk_free_bytes",
     "host_id",
@@ -33,6 +34,7 @@ __all__ = [
     "op_usable",
     "inspect_host",
     "inspect_nvme",
+    "memlock_bytes",
     "memory_backed_mount",
     "mount_of",
     "parse_mountinfo",
@@ -55,9 +57,23 @@ def _cpu_flags() -> tuple[str, ...]:
     return ()
 
 
-def _memlock_bytes() -> int | None:
+def memlock_bytes() -> int | None:
+    """RLIMIT_MEMLOCK's soft limit in bytes: what this process may mlock() (None: unlimited)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+CAP_IPC_LOCK = 14  # linux/capability.h: mlock past RLIMIT_MEMLOCK (mm/mlock.c can_do_mlock)
+
+
+def can_lock_unlimited() -> bool:
+    """A process with CAP_IPC_LOCK in its effective set (root outside a container) is not bound by the limit;
+    the ranks and the probe inherit this process's capabilities."""
+    with contextlib.suppress(OSError, ValueError, IndexError):  # unreadable: assume the limit binds
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    return False
 
 
 def _is_nvme_backed(path: Path) -> bool | None:
@@ -205,7 +221,7 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
         cpu_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         pcie_generation=found.pcie_generation,
         pcie_width=found.pcie_width,
-        memlock_bytes=_memlock_bytes(),
+        memlock_bytes=memlock_bytes(),
         shm_bytes=shm,
         nvme=inspect_nvme(nvme_path) if nvme_path else None,
         cpu_flags=_cpu_flags(),

@@ -7,7 +7,6 @@ Only a live host is checked: a described host is, by definition, some other mach
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ from launcher.deepspeed_logging import import_deepspeed
 from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped, UserInputError
 from launcher.files import folder_bytes
 from launcher.inspection import host as live_host
-from launcher.inspection.host import aio_usable, op_usable
+from launcher.inspection.host import aio_usable, can_lock_unlimited, op_usable
 from launcher.job import build_locks, launch
 from launcher.job.rundir import SWAP_OWNER_FILE, SWAP_PREFIX
 from launcher.plan.capacity import NVME_USABLE_FRACTION
@@ -124,7 +123,7 @@ def _memlock(plan: Plan) -> Problem | None:
     pinned buffer too. torch's own pinning (cudaHostAlloc, the default backend) is locked by the NVIDIA driver
     and not charged: pin_memory alone needs no limit (planner.pins_host_memory)."""
     host = plan.host
-    if host.memlock_bytes is None or _can_lock_unlimited():
+    if host.memlock_bytes is None or can_lock_unlimited():
         return None
     from launcher.plan.planner import locked_swap_bytes_per_rank, pinned_bytes_per_rank
 
@@ -149,19 +148,6 @@ def _memlock(plan: Plan) -> Problem | None:
 def _native_pinning() -> bool:
     """DeepSpeed's DS_PIN_MEMORY_BACKEND=native pins through its mlock allocator (utils/pin_memory.py)."""
     return os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() == "native"
-
-
-CAP_IPC_LOCK = 14  # linux/capability.h: mlock past RLIMIT_MEMLOCK (mm/mlock.c can_do_mlock)
-
-
-def _can_lock_unlimited() -> bool:
-    """A process with CAP_IPC_LOCK in its effective set (root outside a container) is not bound by the limit;
-    the ranks inherit this process's capabilities."""
-    with contextlib.suppress(OSError, ValueError, IndexError):  # unreadable: assume the limit binds
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
-    return False
 
 
 def _async_io(plan: Plan) -> Problem | None:

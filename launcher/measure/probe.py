@@ -201,7 +201,11 @@ def measure_nvme(path: str, size_bytes: int, sweep=AIO_SWEEP) -> tuple[dict, dic
     folder = Path(path) / f"offload-launch-probe-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     target = str(folder / "probe.bin")
-    buffer = torch.ones(size_bytes, dtype=torch.uint8)
+    # The buffer a run's swapper uses (runtime/swap_tensor/utils.py: new_cpu_locked_tensor, page-aligned and
+    # mlocked): a pageable one makes async_io mlock a bounce buffer of its size per call, which under a small
+    # memlock limit aborts the process (deepspeed_pin_tensor.cpp) before any message (locked_buffer_shortfall).
+    owner = aio.aio_handle(*sweep[0][:2], False, True, sweep[0][2])
+    buffer = owner.new_cpu_locked_tensor(size_bytes, torch.empty(0, dtype=torch.uint8)).fill_(1)
     points = []
     try:
         for block_size, queue_depth, threads in sweep:
@@ -218,6 +222,7 @@ def measure_nvme(path: str, size_bytes: int, sweep=AIO_SWEEP) -> tuple[dict, dic
                 }
             )
     finally:
+        owner.free_cpu_locked_tensor(buffer)
         for leftover in folder.glob("*"):
             leftover.unlink()
         folder.rmdir()
@@ -232,6 +237,22 @@ def measure_nvme(path: str, size_bytes: int, sweep=AIO_SWEEP) -> tuple[dict, dic
     }
     figures = {"nvme_read_bytes_per_s": best["read_bytes_per_s"], "nvme_write_bytes_per_s": best["write_bytes_per_s"]}
     return figures, aio_section, points
+
+
+def locked_buffer_shortfall(size_bytes: int) -> str | None:
+    """Why the NVMe probe cannot lock its `size_bytes` buffer here (RLIMIT_MEMLOCK below it, no CAP_IPC_LOCK),
+    with the fix; None when it can. A run's NVMe swap buffers need the same (job/preflight.py's memlock check)."""
+    from launcher.inspection.host import can_lock_unlimited, memlock_bytes
+    from launcher.units import fmt_bytes
+
+    limit = memlock_bytes()
+    if limit is None or limit >= size_bytes or can_lock_unlimited():
+        return None
+    return (
+        f"memlock limit {fmt_bytes(limit)} < the {fmt_bytes(size_bytes)} buffer the NVMe probe locks, as a run's "
+        "swap buffers are locked: raise it with `ulimit -l unlimited` (docker: --ulimit memlock=-1; Slurm/systemd: "
+        "LimitMEMLOCK=infinity)"
+    )
 
 
 def run_probe(
@@ -258,10 +279,15 @@ def run_probe(
     aio_section: dict = {}
     if has_gpu:
         _measure_gpu(figures, details, quick=quick, shapes=gpu_shapes, tokens=gpu_tokens, log=log)
-    if nvme_path:
+    nvme_bytes = 16 << 20 if quick else 512 << 20
+    if nvme_path and (shortfall := locked_buffer_shortfall(nvme_bytes)):
+        log(f"NVMe not measured: {shortfall}; plans use nominal NVMe figures")
+        details["nvme_not_measured"] = shortfall
+        details["nvme_path"] = nvme_path  # tried: a run does not probe it again (its memlock check says the same)
+    elif nvme_path:
         log(f"NVMe through async_io in {nvme_path} ...")
         sweep = nvme_sweep[:2] if quick else nvme_sweep
-        nvme_figures, aio_section, points = measure_nvme(nvme_path, 16 << 20 if quick else 512 << 20, sweep)
+        nvme_figures, aio_section, points = measure_nvme(nvme_path, nvme_bytes, sweep)
         figures.update(nvme_figures)
         details["aio_sweep"] = points
         details["nvme_path"] = nvme_path

@@ -63,7 +63,7 @@ def test_ram_available_now_not_only_installed(llama7b_on_a100):
 @pytest.fixture
 def bound_by_memlock(monkeypatch):
     """This process as an unprivileged one: without CAP_IPC_LOCK the limit binds (root here has it)."""
-    monkeypatch.setattr(preflight, "_can_lock_unlimited", lambda: False)
+    monkeypatch.setattr(preflight, "can_lock_unlimited", lambda: False)
     monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
 
 

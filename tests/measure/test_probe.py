@@ -141,3 +141,39 @@ def test_a_probe_read_back_keeps_its_layout(cache_home):
     assert list(cache.load_probe(path, host_id())) == list(
         probe.ProbeResult(host_id="h", date="d", figures={}).to_json()
     )
+
+
+NVME_UNDER_LIMIT = (
+    "import json, sys\n"
+    "from launcher.measure.probe import run_probe\n"
+    "result = run_probe(sys.argv[1], quick=True, has_gpu=False, log=lambda line: print(line, file=sys.stderr))\n"
+    "print(json.dumps({'figures': result.figures, 'details': result.details}))\n"
+)
+
+
+@pytest.mark.slow  # two real quick probes, NVMe through async_io, under a memlock limit without CAP_IPC_LOCK
+@pytest.mark.skipif(not aio_usable(), reason="DeepSpeed's async_io needs libaio")
+def test_the_nvme_probe_never_aborts_under_a_small_memlock_limit(tmp_path):
+    """A pageable buffer made async_io mlock a bounce buffer, which docker's default limit refused with SIGABRT
+    (deepspeed_pin_tensor.cpp), leaving probe.bin behind. The probe locks its buffer as a run's swapper does, and
+    says in one line why it cannot when the limit is below it (docker's default 8 MiB here; the probe with a
+    limit it fits in is test_quick_probe_measures_caches_and_feeds_the_plan's)."""
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to drop CAP_IPC_LOCK")
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    shell = f'ulimit -l 8192 && exec {sys.executable} -c "$0" {nvme}'
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set=-ipc_lock", "bash", "-c", shell, NVME_UNDER_LIMIT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(nvme.iterdir()) == []  # nothing left in the user's folder
+    assert "nvme_read_bytes_per_s" not in result["figures"] and result["figures"]["cpu_adam_params_per_s"] > 0
+    assert "memlock limit 8.0 MiB < the 16.0 MiB buffer" in result["details"]["nvme_not_measured"]
+    assert "NVMe not measured: memlock limit" in proc.stderr
