@@ -1,6 +1,6 @@
-"""Live host inspection: probe this machine (GPUs through cuda_devices.py, RAM, CPU, memlock, /dev/shm, the NVMe
-folder, DeepSpeed's ops) into a HostProfile (hostprofile.py), and check the folder swap files will go to before a
-run.
+"""Live host inspection: probe this machine (GPUs through cuda_devices.py, RAM and cores within this process's
+limits through limits.py, memlock, /dev/shm, the NVMe folder, DeepSpeed's ops) into a HostProfile (hostprofile.py),
+and check the folder swap files will go to before a run.
 
 A described host (`--host-spec`) gives the same HostProfile without touching this machine: hostspec.py.
 """
@@ -21,16 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserInputError
+from launcher.inspection import limits
 from launcher.inspection.cuda_devices import inspect_visible_gpus
 from launcher.inspection.hostprofile import HostProfile, NvmeSpec
+from launcher.units import fmt_bytes
 
 __all__ = [
     "aio_usable",
+    "available_memory_bytes",
     "can_lock_unlimited",
     "check_nvme_folder",
     "disk_free_bytes",
     "host_id",
     "torch_cuda_build",
+    "usable_cores",
     "op_usable",
     "inspect_host",
     "inspect_nvme",
@@ -207,6 +211,19 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
     found = inspect_visible_gpus()
     gpus, notes = found.gpus, list(found.notes)
     memory = psutil.virtual_memory()
+    total, available, limit = int(memory.total), int(memory.available), limits.memory_limit()
+    if limit is not None and limit.limit_bytes < total:
+        total, available = limit.limit_bytes, min(available, limit.available_bytes)
+        notes.append(
+            f"RAM: this process's cgroup allows {fmt_bytes(total)} of the node's {fmt_bytes(memory.total)} "
+            f"({limit.file}); the plan counts the limit"
+        )
+    cores, node_cores = usable_cores(), psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if len(cores) < node_cores:
+        notes.append(
+            f"CPU: {len(cores)} of the node's {node_cores} cores usable here (affinity mask or CPU quota: "
+            f"{limits.core_list(cores)}); the ranks' threads and core binding keep to them"
+        )
     try:
         shm = shutil.disk_usage("/dev/shm").total
     except OSError:
@@ -216,9 +233,9 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
     return HostProfile(
         source="live",
         gpus=gpus,
-        cpu_memory_bytes=int(memory.total),
-        cpu_memory_available_bytes=int(memory.available),
-        cpu_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        cpu_memory_bytes=total,
+        cpu_memory_available_bytes=available,
+        cpu_cores=len(cores),
         pcie_generation=found.pcie_generation,
         pcie_width=found.pcie_width,
         memlock_bytes=memlock_bytes(),
@@ -228,6 +245,19 @@ def inspect_host(nvme_path: str | None = None) -> HostProfile:
         notes=tuple(notes),
         warnings=found.warnings,
     )
+
+
+def usable_cores() -> list[int]:
+    """The physical cores this process may use (limits.usable_cores), at least one."""
+    return limits.usable_cores() or [0]
+
+
+def available_memory_bytes() -> int:
+    """RAM available to this process now: the node's, or its cgroup's limit less its working set if lower."""
+    import psutil
+
+    available, limit = int(psutil.virtual_memory().available), limits.memory_limit()
+    return available if limit is None else min(available, limit.available_bytes)
 
 
 def host_id() -> str:

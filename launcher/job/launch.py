@@ -40,7 +40,10 @@ class LaunchSpec:
     hostfile: str | None = None
     launcher: str = "pdsh"
     master_addr: str | None = None
-    bind_cores: bool = False  # DeepSpeed's --bind_cores_to_rank (prepare.core_binding decides)
+    bind_cores: bool = False  # DeepSpeed's --bind_cores_to_rank (binding.core_binding decides)
+    # DeepSpeed's --bind_core_list: the cores to share out when they are not DeepSpeed's default, the first
+    # psutil.cpu_count(logical=False) CPUs (an affinity mask, a cpuset, a CFS quota: binding.bind_core_list)
+    bind_core_list: str | None = None
     extra_args: tuple[str, ...] = ()  # after `--`, for DeepSpeed's launcher
     python: str = sys.executable
     # The GPUs to put the ranks on (CUDA_VISIBLE_DEVICES, resolved to indices), one per rank; None: DeepSpeed's
@@ -129,6 +132,8 @@ def _runner_args(spec: LaunchSpec, slurm: bool) -> list[str]:
         # share of the first psutil.cpu_count(logical=False) cores, or of --bind_core_list given after `--`),
         # with OMP_NUM_THREADS set to that share, over the one in `env` below
         argv += ["--bind_cores_to_rank"]
+        if spec.bind_core_list:
+            argv += ["--bind_core_list", spec.bind_core_list]
     argv += list(spec.extra_args)
     # SlurmRunner runs `srun ... python -u <user_script> <user_args>`: it drops --module and sets none of
     # torch.distributed's variables, so its script is sbatch.py, which sets them from srun's and runs launcher.rank

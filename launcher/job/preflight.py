@@ -86,9 +86,9 @@ def find_problems(
 
 def _ram(plan: Plan) -> Problem | None:
     """RAM available now, not only installed: other jobs on a shared machine hold some of it."""
-    import psutil
+    from launcher.inspection.host import available_memory_bytes
 
-    available = int(psutil.virtual_memory().available)
+    available = available_memory_bytes()  # within the cgroup's limit, where one is set
     needed = plan.chosen.memory.cpu_bytes
     if needed <= available:
         return None

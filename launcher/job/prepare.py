@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
@@ -24,6 +21,7 @@ from launcher.config.final import FinalConfig, UserConfig, final_config
 from launcher.errors import UserInputError
 from launcher.files import folder_bytes, tool_cache_dir, write_json_atomic
 from launcher.job import launch, nodes, rundir
+from launcher.job.binding import bind_core_list, core_binding
 from launcher.job.planning import hostfile_hosts
 from launcher.job.preflight import check_nvme_room
 from launcher.job.spec import RUN_SPEC_FILE, RunSpec
@@ -300,94 +298,6 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None, tokeni
     )
 
 
-NUMACTL_MISSING = "--bind-cores needs numactl (DeepSpeed binds ranks with it): apt-get install numactl"
-
-
-@dataclass(frozen=True)
-class CoreBinding:
-    """Whether the ranks run under DeepSpeed's --bind_cores_to_rank, and the one line that tells the user why
-    (None: nothing to say - they typed it, or nothing is offloaded)."""
-
-    bind: bool
-    note: str | None = None
-
-
-def binds_here(settings: Settings) -> bool:
-    """The ranks start on this machine: DeepSpeed's launch.py runs numactl here (with --hostfile it runs on
-    each host, whose numactl this machine cannot see)."""
-    return not settings.hostfile
-
-
-def check_bind_cores(settings: Settings) -> None:
-    """--bind-cores typed (or a recipe's `bind_cores: true`) where the ranks start here and numactl is not
-    installed: one line now rather than every rank's FileNotFoundError from DeepSpeed's launcher."""
-    if settings.bind_cores and binds_here(settings) and shutil.which("numactl") is None:
-        raise UserInputError(NUMACTL_MISSING)
-
-
-def core_binding(plan: Plan, settings: Settings, launcher_args: tuple[str, ...] = ()) -> CoreBinding:
-    """--bind-cores / --no-bind-cores as typed; by default (None) on when the optimizer steps on the CPU (the
-    plan offloads it) and numactl is installed. DeepSpeed's launcher (deepspeed/launcher/launch.py with
-    deepspeed/utils/numa.py get_numactl_cmd) then splits the first psutil.cpu_count(logical=False) cores into
-    equal consecutive shares, starts each rank under `numactl [-m NODE] -C FIRST-LAST` (NODE: the NUMA node
-    holding the share) and sets the rank's OMP_NUM_THREADS to its share. DeepSpeed's core-binding blog measured
-    2.89 -> 2.50 s/step for Qwen2.5-3B, ZeRO-2 + optimizer on CPU on 2 x A100.
-    The default stays off where binding would fail or cannot be checked: with --hostfile (numactl on the other
-    machines), with fewer cores than ranks (numa.py asserts one core per rank), with KMP_AFFINITY set (numa.py
-    refuses it), and on this machine when numactl cannot bind at all (a container's seccomp profile or cpuset).
-    The one-line note says which."""
-    if settings.bind_cores is not None:
-        check_bind_cores(settings)
-        return CoreBinding(settings.bind_cores)
-    if plan.chosen.strategy.offload_optimizer == "none":
-        return CoreBinding(False)
-    flag = "DeepSpeed --bind_cores_to_rank"
-    if not binds_here(settings):
-        return CoreBinding(
-            False,
-            "ranks not bound to cores by default with --hostfile (numactl on the other hosts is not checked from "
-            f"here): --bind-cores pins each to its share ({flag})",
-        )
-    if shutil.which("numactl") is None:
-        return CoreBinding(
-            False,
-            "ranks not bound to cores: installing numactl (apt-get install numactl) would pin each to its share "
-            f"({flag}, faster optimizer steps on the CPU)",
-        )
-    cores, ranks = plan.host.cpu_cores, plan.ranks_per_node
-    if cores < ranks:
-        return CoreBinding(
-            False,
-            f"ranks not bound to cores ({flag}): {cores} core{'s' * (cores != 1)} for {ranks} ranks, it needs one each",
-        )
-    if "KMP_AFFINITY" in os.environ:
-        return CoreBinding(False, f"ranks not bound to cores ({flag}): DeepSpeed refuses it while KMP_AFFINITY is set")
-    if plan.host.source == "live" and not any(arg.startswith("--bind_core_list") for arg in launcher_args):
-        problem = numactl_problem(cores)
-        if problem:
-            return CoreBinding(False, f"ranks not bound to cores ({flag}): numactl cannot bind here ({problem})")
-    return CoreBinding(
-        True,
-        f"binding each rank to its share of the cores (numactl, {flag}): the optimizer steps on the CPU; "
-        "--no-bind-cores turns it off",
-    )
-
-
-def numactl_problem(cores: int) -> str | None:
-    """Why numactl cannot bind this process as DeepSpeed will (memory to node 0, CPUs 0..cores-1), in numactl's
-    own words; None when it can. A container may refuse set_mempolicy (Docker's default seccomp profile without
-    CAP_SYS_NICE) or CPUs outside its cpuset."""
-    argv = ["numactl", "-m", "0", "-C", f"0-{cores - 1}", "true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return str(exc) or type(exc).__name__
-    if proc.returncode == 0:
-        return None
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
-    return f"{shlex.join(argv)}: {lines[0] if lines else f'exit {proc.returncode}'}"
-
-
 def launch_spec(
     plan: Plan, settings: Settings, out: Path, launcher_args: tuple[str, ...], *, bind_cores: bool | None = None
 ) -> launch.LaunchSpec:
@@ -397,7 +307,6 @@ def launch_spec(
     A described host (--host-spec, plan.host.source is its file) is another machine: this machine's selection
     says nothing about its GPUs, so it is not applied (nor refused) there. The ranks' PYTORCH_ALLOC_CONF is the
     plan's (Plan.alloc_conf), the setting its CPU estimate counted."""
-    import os
 
     from launcher.inspection.cuda_devices import VISIBLE_DEVICES_ENV, launch_devices
 
@@ -418,7 +327,8 @@ def launch_spec(
         hostfile=settings.hostfile,
         launcher=settings.launcher,
         master_addr=master_addr,
-        bind_cores=bool(settings.bind_cores) if bind_cores is None else bind_cores,
+        bind_cores=(bind := bool(settings.bind_cores) if bind_cores is None else bind_cores),
+        bind_core_list=bind_core_list(plan, settings, launcher_args) if bind else None,
         extra_args=launcher_args,
         devices=None if devices is None else devices[0],
         pci_bus_order=devices is not None and devices[1],

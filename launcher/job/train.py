@@ -17,7 +17,7 @@ from pathlib import Path
 from launcher import stops
 from launcher.config.final import UserConfig
 from launcher.errors import Stopped, UserInputError
-from launcher.job import launch, nodes, preflight, prepare, ranks, rundir
+from launcher.job import binding, launch, nodes, preflight, prepare, ranks, rundir
 from launcher.job.planning import hostfile_hosts
 from launcher.job.prepare import Job
 from launcher.job.resume import ResumeCheck, refusal, resume_changes
@@ -79,7 +79,7 @@ def prepare_run(
     if plan.chosen is None:
         return PreparedRun(plan, None, out)
     ownership = rundir.check_folder(out, "train", settings.force)
-    prepare.check_bind_cores(settings)  # typed without numactl: one line before anything is read
+    binding.check_bind_cores(settings)  # typed without numactl: one line before anything is read
     swap = rundir.run_swap_dir(plan, out)
     folder = _Folder(out, ownership, settings, warn)
 

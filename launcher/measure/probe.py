@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.inspection.host import host_id
+from launcher.inspection.host import host_id, usable_cores
 
 GPU_MATMUL_TOKENS = 4096  # rows of the probed products when the probe is not told the workload (tokens/micro-batch)
 # When the probe does not know the model: (hidden, intermediate) pairs of common Llama shapes (7B, 13B, 70B)
@@ -306,9 +306,7 @@ def _measure_cpu(figures: dict, details: dict, *, quick: bool, has_gpu: bool, lo
     figures["cpu_flops_per_s"] = max(by_width.values())
     details["cpu_flops_per_s_by_width"] = by_width
     log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")
-    import psutil
-
-    counts = rank_thread_counts(psutil.cpu_count(logical=False) or os.cpu_count() or 1)  # as host.py counts cores
+    counts = rank_thread_counts(len(usable_cores()))  # as host.py counts cores
     params_per_s, threads, by_threads = measure_cpu_adam(1 << 20 if quick else 32 << 20, threads=counts)
     figures["cpu_adam_params_per_s"] = params_per_s
     details["cpu_adam_threads"] = threads

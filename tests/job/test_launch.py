@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.files import write_json_atomic
-from launcher.job import launch, rundir
+from launcher.job import binding, launch, rundir
 from launcher.rank.checkpoints import COMPLETE_MARKER, complete_checkpoints, trim_metrics
 from tests.helpers import host_path
 
@@ -345,11 +345,10 @@ def test_bound_ranks_get_deepspeeds_flag_before_the_entry_point_and_keep_their_t
 
 
 def with_numactl(monkeypatch, installed: bool) -> None:
-    from launcher.job import prepare
 
-    real = prepare.shutil.which
+    real = binding.shutil.which
     path = "/usr/bin/numactl" if installed else None
-    monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+    monkeypatch.setattr(binding.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
 
 
 def test_dry_run_shows_core_binding_when_the_optimizer_is_offloaded(tmp_path, tiny_llama_dir, monkeypatch):

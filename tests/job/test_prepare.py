@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from launcher import settings
 from launcher.config.final import UserConfig, user_pins
 from launcher.errors import UserInputError
-from launcher.job import prepare, rundir
+from launcher.job import binding, prepare, rundir
 from launcher.job.planning import build_plan
 from launcher.job.spec import RunSpec
 from tests.helpers import REPO, host_path
@@ -120,58 +122,58 @@ OFFLOAD = {"zero_stage": "2", "offload_optimizer": "cpu"}
 @pytest.fixture
 def numactl(monkeypatch):
     """Whether numactl is on PATH, as prepare sees it (other look-ups unchanged)."""
-    real = prepare.shutil.which
+    real = binding.shutil.which
 
     def set_installed(installed: bool) -> None:
         path = "/usr/bin/numactl" if installed else None
-        monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+        monkeypatch.setattr(binding.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
 
     return set_installed
 
 
-def binding(**typed):
+def binding_for(**typed):
     s = demo_settings(**typed)
-    return prepare.core_binding(build_plan(s), s)
+    return binding.core_binding(build_plan(s), s)
 
 
 def test_binding_is_on_by_default_when_the_optimizer_is_offloaded_and_numactl_is_there(numactl):
     numactl(True)
-    result = binding(**OFFLOAD)
+    result = binding_for(**OFFLOAD)
     assert result.bind
     assert "numactl, DeepSpeed --bind_cores_to_rank" in result.note and "--no-bind-cores turns it off" in result.note
 
 
 def test_binding_stays_off_by_default_without_optimizer_offload(numactl):
     numactl(True)
-    assert binding(zero_stage="2", offload_optimizer="none") == prepare.CoreBinding(False, None)
+    assert binding_for(zero_stage="2", offload_optimizer="none") == binding.CoreBinding(False, None)
 
 
 def test_without_numactl_the_default_is_off_and_says_installing_it_would_bind(numactl):
     numactl(False)
-    result = binding(**OFFLOAD)
+    result = binding_for(**OFFLOAD)
     assert not result.bind and "installing numactl (apt-get install numactl) would pin each" in result.note
-    assert binding(zero_stage="2", offload_optimizer="none").note is None  # nothing to gain: nothing said
+    assert binding_for(zero_stage="2", offload_optimizer="none").note is None  # nothing to gain: nothing said
 
 
 def test_bind_cores_typed_without_numactl_is_one_line_error(numactl):
     numactl(False)
     with pytest.raises(UserInputError, match=r"^--bind-cores needs numactl .*apt-get install numactl$"):
-        binding(bind_cores=True, **OFFLOAD)
+        binding_for(bind_cores=True, **OFFLOAD)
 
 
 def test_typed_choices_win_and_need_no_note(numactl):
     numactl(True)
-    assert binding(bind_cores=False, **OFFLOAD) == prepare.CoreBinding(False, None)  # --no-bind-cores
-    assert binding(bind_cores=True, zero_stage="2", offload_optimizer="none") == prepare.CoreBinding(True, None)
+    assert binding_for(bind_cores=False, **OFFLOAD) == binding.CoreBinding(False, None)  # --no-bind-cores
+    assert binding_for(bind_cores=True, zero_stage="2", offload_optimizer="none") == binding.CoreBinding(True, None)
 
 
 def test_with_a_hostfile_binding_is_asked_for_not_assumed(numactl, tmp_path):
     numactl(False)  # this machine's numactl says nothing about the hosts': --bind-cores is not refused here
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("node-a slots=1\nnode-b slots=1\n")
-    auto = binding(hostfile=str(hosts), **OFFLOAD)
+    auto = binding_for(hostfile=str(hosts), **OFFLOAD)
     assert not auto.bind and "with --hostfile" in auto.note and "--bind-cores pins each" in auto.note
-    assert binding(hostfile=str(hosts), bind_cores=True, **OFFLOAD).bind
+    assert binding_for(hostfile=str(hosts), bind_cores=True, **OFFLOAD).bind
 
 
 def test_binding_stays_off_where_deepspeed_would_fail(numactl, monkeypatch):
@@ -181,27 +183,27 @@ def test_binding_stays_off_where_deepspeed_would_fail(numactl, monkeypatch):
     s = demo_settings(**OFFLOAD)
     plan = build_plan(s)
     one_core = replace(plan, ranks_per_node=2, host=replace(plan.host, cpu_cores=1))
-    assert "1 core for 2 ranks, it needs one each" in prepare.core_binding(one_core, s).note
+    assert "1 core for 2 ranks, it needs one each" in binding.core_binding(one_core, s).note
     monkeypatch.setenv("KMP_AFFINITY", "compact")
-    assert "KMP_AFFINITY" in prepare.core_binding(plan, s).note and not prepare.core_binding(plan, s).bind
+    assert "KMP_AFFINITY" in binding.core_binding(plan, s).note and not binding.core_binding(plan, s).bind
     monkeypatch.delenv("KMP_AFFINITY")
     live = replace(plan, host=replace(plan.host, source="live"))
     refused = "numactl -m 0 -C 0-1 true: set_mempolicy: Operation not permitted"
-    monkeypatch.setattr(prepare, "numactl_problem", lambda cores: refused if cores == 2 else None)
-    result = prepare.core_binding(live, s)
+    monkeypatch.setattr(binding, "numactl_problem", lambda cpus: refused if cpus == "0-1" else None)
+    result = binding.core_binding(live, s)
     assert not result.bind and f"numactl cannot bind here ({refused})" in result.note
-    assert prepare.core_binding(live, s, ("--bind_core_list=0",)).bind  # the user's own cores: not probed
-    assert prepare.core_binding(plan, s).bind  # a described host is another machine: not probed here
+    assert binding.core_binding(live, s, ("--bind_core_list=0",)).bind  # the user's own cores: not probed
+    assert binding.core_binding(plan, s).bind  # a described host is another machine: not probed here
 
 
 def test_numactl_problem_quotes_numactls_own_words(monkeypatch):
     def run(argv, **kw):
-        return prepare.subprocess.CompletedProcess(argv, 1, "", "set_mempolicy: Operation not permitted\nusage\n")
+        return binding.subprocess.CompletedProcess(argv, 1, "", "set_mempolicy: Operation not permitted\nusage\n")
 
-    monkeypatch.setattr(prepare.subprocess, "run", run)
-    assert prepare.numactl_problem(4) == "numactl -m 0 -C 0-3 true: set_mempolicy: Operation not permitted"
-    monkeypatch.setattr(prepare.subprocess, "run", lambda argv, **kw: prepare.subprocess.CompletedProcess(argv, 0))
-    assert prepare.numactl_problem(4) is None
+    monkeypatch.setattr(binding.subprocess, "run", run)
+    assert binding.numactl_problem("0-3") == "numactl -m 0 -C 0-3 true: set_mempolicy: Operation not permitted"
+    monkeypatch.setattr(binding.subprocess, "run", lambda argv, **kw: binding.subprocess.CompletedProcess(argv, 0))
+    assert binding.numactl_problem("0-3") is None
 
 
 def test_the_job_launches_bound_and_keeps_each_ranks_thread_share(numactl):
@@ -212,6 +214,33 @@ def test_the_job_launches_bound_and_keeps_each_ranks_thread_share(numactl):
     assert len(job.notes) == 1 and "--no-bind-cores" in job.notes[0]
     unbound = prepared(demo_settings(num_gpus=2, bind_cores=False, **OFFLOAD))
     assert "--bind_cores_to_rank" not in unbound.argv and unbound.notes == ()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("numactl") is None, reason="2 CPUs, numactl")
+def test_under_an_affinity_mask_binding_names_the_allowed_cores(numactl):
+    """Under `taskset -c 1` DeepSpeed's default binding (CPUs 0..physical cores-1) is CPUs numactl may not use and
+    every rank dies at start: a live host's binding passes --bind_core_list with the allowed cores, and numactl
+    really binds there (this process's own mask, set and restored)."""
+    numactl(True)
+    s = demo_settings(num_gpus=1, **OFFLOAD)
+    plan = build_plan(s)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {1})
+    try:
+        live = replace(plan, host=replace(plan.host, source="live", cpu_cores=1))
+        assert binding.core_binding(live, s).bind  # numactl -m 0 -C 1 true: allowed
+        argv, env = prepare.launch.build_command(prepare.launch_spec(live, s, Path("out"), (), bind_cores=True))
+        assert argv[argv.index("--bind_cores_to_rank") + 1 : argv.index("--bind_cores_to_rank") + 3] == [
+            "--bind_core_list",
+            "1",
+        ]
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert (
+            prepare.launch_spec(live, s, Path("out"), ("--bind_core_list=0",), bind_cores=True).bind_core_list is None
+        )
+    finally:
+        os.sched_setaffinity(0, before)
+    assert prepare.launch_spec(live, s, Path("out"), (), bind_cores=True).bind_core_list is None  # 0-1: the default
 
 
 def test_only_causal_and_seq2seq_models_train_and_each_with_data_it_can_learn(tmp_path):

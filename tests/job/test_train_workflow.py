@@ -12,7 +12,7 @@ import pytest
 
 from launcher import settings
 from launcher.errors import Stopped, UserInputError
-from launcher.job import launch, rundir, train
+from launcher.job import binding, launch, rundir, train
 from launcher.job.planning import build_plan
 from tests.helpers import REPO, host_path
 
@@ -174,11 +174,10 @@ def test_a_clean_launch_returns_the_runs_summary(prepared, monkeypatch):
 
 
 def numactl_installed(monkeypatch, installed: bool) -> None:
-    from launcher.job import prepare
 
-    real = prepare.shutil.which
+    real = binding.shutil.which
     path = "/usr/bin/numactl" if installed else None
-    monkeypatch.setattr(prepare.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
+    monkeypatch.setattr(binding.shutil, "which", lambda name, *a, **k: path if name == "numactl" else real(name))
 
 
 def test_bind_cores_without_numactl_is_refused_before_anything_is_read_or_written(tmp_path, monkeypatch):
