@@ -48,16 +48,7 @@ ol_wheel=$(ls -t "$dest"/offload_launch-*.whl | head -1)
 echo "== resolving the dependencies for CPython $py on $platform"
 "$python" -m pip install -q --dry-run --ignore-installed --report "$work/report.json" --target "$work/t" \
   "${target[@]}" "$ds_wheel" "$ol_wheel" "hatchling>=1.24" editables
-"$python" - "$work/report.json" "$skip" >"$work/reqs.txt" <<'PY'
-import json, sys
-report, skip = json.load(open(sys.argv[1])), sys.argv[2].split()
-for item in report["install"]:
-    meta = item["metadata"]
-    name = meta["name"].lower().replace("_", "-")
-    if name in ("deepspeed", "offload-launch") or name in skip or name.startswith(("nvidia-", "cuda-")):
-        continue
-    print(f"{name}=={meta['version']}")
-PY
+"$python" scripts/wheelhouse_requirements.py "$work/report.json" "$skip" >"$work/reqs.txt"
 echo "== downloading $(wc -l <"$work/reqs.txt") wheels"
 "$python" -m pip download -q --no-deps "${target[@]}" -d "$dest" -r "$work/reqs.txt"
 echo "wheelhouse $dest: $(ls "$dest"/*.whl | wc -l) wheels, $(du -sh "$dest" | cut -f1)"

@@ -14,6 +14,10 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import GpuSpec
 
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# DeepSpeed's launch.py gives each rank CUDA_VISIBLE_DEVICES as integer ids (CUDAAccelerator.set_visible_devices_envs),
+# which on a GPU in MIG mode is its first instance, whichever one the user named: a MIG instance selected by UUID
+# travels to the rank in this variable, which sets CUDA_VISIBLE_DEVICES from it before CUDA starts (launcher/rank).
+RANK_DEVICES_ENV = "OFFLOAD_LAUNCH_CUDA_VISIBLE_DEVICES"
 # Memory other processes hold on a selected GPU beyond this is worth a warning when NVML cannot list them.
 HELD_MEMORY_WARNING_BYTES = 512 * 2**20
 
@@ -85,26 +89,39 @@ def _mig_enabled(nvml, handle) -> bool:
     return current == nvml.NVML_DEVICE_MIG_ENABLE
 
 
-def nvml_devices(nvml) -> list[CudaDevice]:
+def nvml_devices(nvml, problems: list[str] | None = None) -> list[CudaDevice]:
     """Every device NVML shows, in NVML order: a whole GPU as itself, a GPU in MIG mode as its MIG instances
-    (each with its own memory), never as the whole GPU, which no CUDA process can use as one device."""
+    (each with its own memory), never as the whole GPU, which no CUDA process can use as one device. A GPU NVML
+    cannot read (lost, no permission, in reset) is left out, with one line in `problems` that names it."""
     devices = []
     for index in range(nvml.nvmlDeviceGetCount()):
-        gpu = nvml.nvmlDeviceGetHandleByIndex(index)
-        if not _mig_enabled(nvml, gpu):
-            total, free = _memory(nvml, gpu)
-            name, uuid = _text(nvml.nvmlDeviceGetName(gpu)), _text(nvml.nvmlDeviceGetUUID(gpu))
-            devices.append(CudaDevice(index, uuid, name, total, free, gpu, gpu, uuid))
+        try:
+            devices.extend(_gpu_devices(nvml, index))
+        except nvml.NVMLError as exc:
+            if problems is not None:
+                problems.append(
+                    f"GPU {index}: NVML cannot read it ({exc}); left out of the plan (nvidia-smi -i {index})"
+                )
+    return devices
+
+
+def _gpu_devices(nvml, index: int) -> list[CudaDevice]:
+    """GPU `index` as the devices a CUDA process can be given: itself, or its MIG instances."""
+    gpu = nvml.nvmlDeviceGetHandleByIndex(index)
+    if not _mig_enabled(nvml, gpu):
+        total, free = _memory(nvml, gpu)
+        name, uuid = _text(nvml.nvmlDeviceGetName(gpu)), _text(nvml.nvmlDeviceGetUUID(gpu))
+        return [CudaDevice(index, uuid, name, total, free, gpu, gpu, uuid)]
+    devices = []
+    for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+        except nvml.NVMLError:  # NotFound: no instance in this slot
             continue
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-            try:
-                instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
-            except nvml.NVMLError:  # NotFound: no instance in this slot
-                continue
-            total, free = _memory(nvml, instance)
-            parent_uuid = _text(nvml.nvmlDeviceGetUUID(gpu))
-            name, uuid = _text(nvml.nvmlDeviceGetName(instance)), _text(nvml.nvmlDeviceGetUUID(instance))
-            devices.append(CudaDevice(index, uuid, name, total, free, instance, gpu, parent_uuid, mig=True))
+        total, free = _memory(nvml, instance)
+        parent_uuid = _text(nvml.nvmlDeviceGetUUID(gpu))
+        name, uuid = _text(nvml.nvmlDeviceGetName(instance)), _text(nvml.nvmlDeviceGetUUID(instance))
+        devices.append(CudaDevice(index, uuid, name, total, free, instance, gpu, parent_uuid, mig=True))
     return devices
 
 
@@ -182,19 +199,20 @@ def inspect_gpus(nvml, visible: str | None) -> GpuInspection:
     if selection == []:
         notes.append(f"{VISIBLE_DEVICES_ENV}={visible!r} leaves no GPU visible")
         return GpuInspection(NO_GPU, notes=tuple(notes))
-    everything = nvml_devices(nvml)
+    unreadable: list[str] = []
+    everything = nvml_devices(nvml, unreadable)
     devices = select_devices(everything, selection)
     if not devices:
         if selection is not None and everything:
             notes.append(f"{VISIBLE_DEVICES_ENV}={visible} names no GPU this machine has")
-        return GpuInspection(NO_GPU, notes=tuple(notes))
+        return GpuInspection(NO_GPU, notes=tuple(notes), warnings=tuple(unreadable))
     devices = _one_mig_instance(devices, notes)
     notes += _selection_notes(visible, selection, devices, everything)
     free = min(d.free_bytes for d in devices)
     total = min(d.total_bytes for d in devices)
     if free < total:
         notes.append(f"GPU memory: planning with the {fmt_bytes(free)} free of {fmt_bytes(total)} per device")
-    warnings = _in_use_warnings(nvml, devices)
+    warnings = unreadable + _in_use_warnings(nvml, devices)
     capability, generation, width = _capability_and_link(nvml, devices)
     smallest = min(devices, key=lambda d: d.free_bytes)
     spec = GpuSpec(
@@ -270,28 +288,46 @@ def _capability_and_link(nvml, devices: list[CudaDevice]) -> tuple[tuple[int, in
     return capability, generation, width
 
 
-@contextlib.contextmanager
-def _nvml():
-    """pynvml, initialised, or None where there is no NVIDIA driver."""
-    try:
-        import pynvml
+def _no_driver(nvml, exc: Exception) -> bool:
+    """nvmlInit failed because this machine has no NVIDIA driver (its library absent or not loaded): the CPU
+    accelerator is the plan. Any other failure (a driver/library version mismatch after an upgrade without a reboot,
+    no permission on /dev/nvidia*) means GPUs a run could not use."""
+    absent = (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED, nvml.NVML_ERROR_UNINITIALIZED)
+    return not isinstance(exc, nvml.NVMLError) or exc.value in absent
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVIDIA driver: plan for DeepSpeed's CPU accelerator
+
+@contextlib.contextmanager
+def _nvml(nvml=None):
+    """pynvml (or `nvml`, for tests), initialised, or None where there is no NVIDIA driver; a driver NVML cannot
+    use is one line, not a silent plan for the CPU."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no NVIDIA driver: plan for DeepSpeed's CPU accelerator
+        if nvml is not None and not _no_driver(nvml, exc):
+            raise UserInputError(
+                f"NVML cannot start ({exc}): the NVIDIA driver is installed but unusable (after a driver upgrade, "
+                f"reboot or reload the nvidia module; check nvidia-smi); CUDA_VISIBLE_DEVICES='' plans for the CPU"
+            ) from exc
         yield None
         return
     try:
-        yield pynvml
+        yield nvml
     finally:
-        pynvml.nvmlShutdown()
+        nvml.nvmlShutdown()
 
 
-def inspect_visible_gpus() -> GpuInspection:
-    """GPUs through NVML, as CUDA_VISIBLE_DEVICES selects them. No driver / no GPU is a valid answer: count 0."""
-    with _nvml() as nvml:
-        if nvml is None:
+def inspect_visible_gpus(nvml=None) -> GpuInspection:
+    """GPUs through NVML, as CUDA_VISIBLE_DEVICES selects them. No driver / no GPU is a valid answer: count 0; so
+    is an empty CUDA_VISIBLE_DEVICES, which does not start NVML at all. `nvml`: an uninitialised NVML (tests)."""
+    visible = os.environ.get(VISIBLE_DEVICES_ENV)
+    if parse_visible_devices(visible) == []:
+        return inspect_gpus(None, visible)
+    with _nvml(nvml) as started:
+        if started is None:
             return GpuInspection(NO_GPU)
-        return inspect_gpus(nvml, os.environ.get(VISIBLE_DEVICES_ENV))
+        return inspect_gpus(started, visible)
 
 
 def launch_devices(visible: str | None, ranks: int, nvml=None) -> tuple[tuple[int, ...], bool] | None:
@@ -324,6 +360,13 @@ def launch_devices(visible: str | None, ranks: int, nvml=None) -> tuple[tuple[in
             f"per node; pass --num-gpus {len(indices)} or name more GPUs"
         )
     return tuple(indices[:ranks]), by_pci_bus
+
+
+def rank_devices(visible: str | None) -> str | None:
+    """What the rank's CUDA_VISIBLE_DEVICES must be when DeepSpeed's integer ids cannot say it: the MIG instance
+    CUDA_VISIBLE_DEVICES names first (one instance per process), None otherwise."""
+    selection = parse_visible_devices(visible)
+    return selection[0] if selection and selection[0].startswith("MIG-") else None
 
 
 def _uuid_indices(nvml, selection: list[str]) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import stops
+from launcher.inspection.cuda_devices import RANK_DEVICES_ENV
 from launcher.job import supervise
 from launcher.job.sbatch import RANK_SCRIPT
 
@@ -50,6 +51,9 @@ class LaunchSpec:
     # default, GPUs 0..ranks_per_node-1. Used for single-node CUDA runs only.
     devices: tuple[int, ...] | None = None
     pci_bus_order: bool = False  # `devices` are NVML (PCI bus) indices: the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID
+    # The MIG instance (MIG-UUID) the rank's CUDA_VISIBLE_DEVICES must name (cuda_devices.rank_devices): `devices`
+    # then holds its GPU's index, which alone would give the rank that GPU's first instance
+    rank_devices: str | None = None
     # PYTORCH_ALLOC_CONF for the ranks (the plan's alloc_conf, host_buffers.pinned_alloc_conf): None sets nothing
     alloc_conf: str | None = None
     # With a hostfile, OUT/deepspeed_env: the file DeepSpeed's runner reads (DS_ENV_FILE) to give every node's ranks
@@ -152,6 +156,8 @@ def _rank_env(spec: LaunchSpec, include: bool, slurm: bool) -> dict[str, str]:
         env["DS_ACCELERATOR"] = "cpu"
     if include and spec.pci_bus_order:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ranks' CUDA numbers GPUs as NVML did
+    if include and spec.rank_devices:
+        env[RANK_DEVICES_ENV] = spec.rank_devices
     if spec.alloc_conf:
         # torch's caching host allocator rounds pinned buffers up to a power of two unless told otherwise
         # (host_buffers.PINNED_ALLOC_CONF); the plan's CPU estimate counts the rounding this setting leaves

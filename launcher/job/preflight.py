@@ -213,14 +213,27 @@ def _cuda_toolkit(plan: Plan, config: dict | None = None) -> Problem | None:
     if missing is None:
         return None
     torch_cuda = _torch_cuda_version() or "of this torch"
-    prebuilt = " ".join(f"{CUDA_OP_BUILD_VARS[op]}=1" for op in ops)
     return Problem(
         "cuda_toolkit",
         f"DeepSpeed must compile its {' and '.join(ops)} op{'s' if len(ops) > 1 else ''} for this GPU plan, "
         f"but {missing}: install the CUDA toolkit {torch_cuda} (nvcc; e.g. conda install -c nvidia "
         f"cuda-nvcc={torch_cuda}) and set CUDA_HOME to it, or install DeepSpeed with the op prebuilt "
-        f"({prebuilt} pip install deepspeed)",
+        f"({prebuild_command(plan, ops)})",
     )
+
+
+def prebuild_command(plan: Plan, ops: list[str]) -> str:
+    """The pip command that installs DeepSpeed with `ops` compiled in, for this plan's GPUs. Outside its JIT mode
+    DeepSpeed compiles for TORCH_CUDA_ARCH_LIST, else its defaults (op_builder/builder.py
+    get_default_compute_capabilities: "6.0;6.1;7.0", plus 8.0-9.0 under CUDA 12, which CUDA 13's nvcc refuses:
+    it dropped those older architectures), so the list names the GPU's own capability. --no-build-isolation: its
+    setup.py imports the installed torch (an isolated build would fetch another); --no-cache-dir: pip would reuse
+    a cached DeepSpeed wheel built without the ops."""
+    variables = " ".join(f"{CUDA_OP_BUILD_VARS[op]}=1" for op in ops)
+    capability = plan.host.gpus.compute_capability
+    if capability:
+        variables = f"TORCH_CUDA_ARCH_LIST={capability[0]}.{capability[1]} {variables}"
+    return f"{variables} pip install --no-build-isolation --no-cache-dir deepspeed"
 
 
 def _torch_cuda_version() -> str | None:

@@ -308,7 +308,7 @@ def launch_spec(
     says nothing about its GPUs, so it is not applied (nor refused) there. The ranks' PYTORCH_ALLOC_CONF is the
     plan's (Plan.alloc_conf), the setting its CPU estimate counted."""
 
-    from launcher.inspection.cuda_devices import VISIBLE_DEVICES_ENV, launch_devices
+    from launcher.inspection.cuda_devices import VISIBLE_DEVICES_ENV, launch_devices, rank_devices
 
     devices = None
     if plan.host.accelerator == "cuda" and plan.host.source == "live" and not settings.hostfile:
@@ -332,6 +332,7 @@ def launch_spec(
         extra_args=launcher_args,
         devices=None if devices is None else devices[0],
         pci_bus_order=devices is not None and devices[1],
+        rank_devices=None if devices is None else rank_devices(os.environ.get(VISIBLE_DEVICES_ENV)),
         alloc_conf=plan.alloc_conf,
         env_file=str(out.resolve() / nodes.ENV_FILE) if settings.hostfile else None,
     )

@@ -3,7 +3,14 @@
 import os
 import sys
 
-from launcher.rank.main import main
+from launcher.inspection.cuda_devices import RANK_DEVICES_ENV, VISIBLE_DEVICES_ENV
+
+# A MIG instance named by UUID: DeepSpeed's launch.py set CUDA_VISIBLE_DEVICES to its GPU's index, which CUDA reads
+# as that GPU's first instance; the instance the user chose comes in RANK_DEVICES_ENV, set before CUDA starts
+if os.environ.get(RANK_DEVICES_ENV):
+    os.environ[VISIBLE_DEVICES_ENV] = os.environ[RANK_DEVICES_ENV]
+
+from launcher.rank.main import main  # noqa: E402  (after the device selection above)
 
 # Guarded: ZenFlow's optimizer worker is a multiprocessing "spawn" child, which imports this module again as
 # __mp_main__; unguarded, it would start a second training rank.

@@ -8,14 +8,20 @@ and nothing else. tests/gpu/test_devices.py checks the real NVML against torch.c
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 
 from launcher.errors import UserInputError
-from launcher.inspection.cuda_devices import inspect_gpus, launch_devices, parse_visible_devices
+from launcher.inspection.cuda_devices import (
+    inspect_gpus,
+    inspect_visible_gpus,
+    launch_devices,
+    parse_visible_devices,
+    rank_devices,
+)
 from launcher.inspection.host import inspect_host
 
 GiB = 2**30
@@ -30,6 +36,7 @@ class FakeDevice:
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, usedGpuMemory)
     mig: list[FakeDevice] | None = None  # MIG instances, by slot (None: an empty slot); None: MIG off
     mig_capable: bool = False
+    error: int | None = None  # an NVML error code every query of this GPU raises (lost, no permission)
 
 
 class FakeNvml:
@@ -40,11 +47,16 @@ class FakeNvml:
     NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
-    def __init__(self, gpus: list[FakeDevice], v2: bool = True):
-        self.gpus, self.v2 = gpus, v2
+    NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_UNINITIALIZED = pynvml.NVML_ERROR_UNINITIALIZED
+
+    def __init__(self, gpus: list[FakeDevice], v2: bool = True, init_error: int | None = None):
+        self.gpus, self.v2, self.init_error = gpus, v2, init_error
 
     def nvmlInit(self) -> None:
-        return None
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
 
     def nvmlShutdown(self) -> None:
         return None
@@ -58,6 +70,8 @@ class FakeNvml:
         return self.gpus[index]
 
     def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
+        if handle.error is not None:
+            raise pynvml.NVMLError(handle.error)
         return handle.name  # pynvml decodes it (convertStrBytes)
 
     def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str:
@@ -220,7 +234,33 @@ def test_launch_devices_follow_cuda_visible_devices():
     assert launch_devices("3,1,0", 2, nvml) == ((3, 1), False)  # the first N, in the user's order
     assert launch_devices("GPU-ddd,GPU-bbb", 2, nvml) == ((3, 1), True)  # NVML indices: PCI bus order
     assert launch_devices("MIG-0e0e", 1, FakeNvml(mig_host())) == ((1,), True)
+    assert rank_devices("MIG-0e0e,MIG-0f0f") == "MIG-0e0e"  # the rank gets the instance itself (job/launch.py)
+    assert rank_devices("1") is None and rank_devices("GPU-bbb") is None and rank_devices(None) is None
     with pytest.raises(UserInputError, match="leaves no GPU visible"):
         launch_devices("", 1, nvml)
     with pytest.raises(UserInputError, match="selects 2 GPU"):
         launch_devices("1,3", 4, nvml)
+
+
+def test_a_gpu_nvml_cannot_read_is_left_out_with_one_line():
+    gpus = four_gpus()
+    gpus[1] = replace(gpus[1], error=pynvml.NVML_ERROR_GPU_IS_LOST)
+    found = inspect_gpus(FakeNvml(gpus), None)
+    assert found.gpus.count == 3 and [d.index for d in found.devices] == [0, 2, 3]
+    assert found.warnings[0] == "GPU 1: NVML cannot read it (GPU is lost); left out of the plan (nvidia-smi -i 1)"
+    assert inspect_gpus(FakeNvml(gpus), "1").gpus.count == 0  # the selected GPU is the lost one: no GPU to plan for
+
+
+def test_a_driver_nvml_cannot_use_is_one_line_and_no_driver_is_the_cpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    mismatch = FakeNvml(four_gpus(), init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    with pytest.raises(
+        UserInputError, match=r"^NVML cannot start \(RM has detected an NVML/RM version mismatch.\): .* reboot"
+    ):
+        inspect_visible_gpus(mismatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the user asked for the CPU: NVML is not started
+    assert inspect_visible_gpus(mismatch).gpus.count == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    for absent in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED):
+        assert inspect_visible_gpus(FakeNvml(four_gpus(), init_error=absent)).gpus.count == 0
+    assert inspect_visible_gpus(FakeNvml(four_gpus())).gpus.count == 4

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.files import write_json_atomic
+from launcher.inspection.cuda_devices import RANK_DEVICES_ENV
 from launcher.job import binding, launch, rundir
 from launcher.rank.checkpoints import COMPLETE_MARKER, complete_checkpoints, trim_metrics
 from tests.helpers import host_path
@@ -240,6 +244,24 @@ def test_a_described_host_is_not_given_this_machines_gpu_selection(tmp_path, tin
 def test_gpus_named_by_uuid_are_included_by_pci_bus_index():
     argv, env = launch.build_command(spec(accelerator="cuda", ranks_per_node=1, devices=(2,), pci_bus_order=True))
     assert argv[3:5] == ["--include", "localhost:2"] and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_mig_instance_named_by_uuid_reaches_the_rank_by_uuid(tmp_path):
+    """DeepSpeed's launch.py gives the rank CUDA_VISIBLE_DEVICES=1 (its GPU's index, integers only), which CUDA reads
+    as GPU 1's first MIG instance: the chosen one travels beside it, the printed command shows it, and the rank
+    puts it back before CUDA starts."""
+    mig = spec(accelerator="cuda", ranks_per_node=1, devices=(1,), pci_bus_order=True, rank_devices="MIG-0e0e-2222")
+    argv, env = launch.build_command(mig)
+    assert argv[3:5] == ["--include", "localhost:1"] and env[RANK_DEVICES_ENV] == "MIG-0e0e-2222"
+    assert f"{RANK_DEVICES_ENV}=MIG-0e0e-2222" in launch.format_command(argv, env)
+    restored = subprocess.run(
+        [sys.executable, "-c", "import os, launcher.rank.__main__; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1", RANK_DEVICES_ENV: "MIG-0e0e-2222"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert restored.stdout.strip() == "MIG-0e0e-2222"
 
 
 def test_cuda_without_cuda_visible_devices_is_unchanged(tmp_path, tiny_llama_dir, monkeypatch):
