@@ -23,7 +23,7 @@ from launcher.config import dsconfig
 from launcher.deepspeed_logging import import_deepspeed
 from launcher.plan import memory
 from launcher.plan.capacity import aligned_partition_numel, model_shape, size_buckets
-from launcher.plan.host_buffers import pinned_round_limit
+from launcher.plan.host_buffers import pinned_round_limit, strategy_alloc_conf
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.planner import Plan
 from launcher.plan.strategy import Buckets, Strategy
@@ -339,7 +339,10 @@ def estimate_config(config: dict, plan: Plan, world_size: int) -> tuple[Strategy
         checkpointing=plan.workload.activation_checkpointing,
         has_gpu=plan.host.has_gpu,
         pin_memory=config_pin_memory(config, sized),
-        pinned_round_limit=pinned_round_limit(plan.alloc_conf),
+        # the ranks' allocator setting follows the plan's chosen strategy (job/prepare.py launch_spec)
+        pinned_round_limit=pinned_round_limit(
+            strategy_alloc_conf(plan.alloc_conf, plan.chosen.strategy if plan.chosen else sized)
+        ),
         grad_accum=_int_or_auto(config.get("gradient_accumulation_steps"), plan.workload.grad_accum),
     )
     return strategy, estimate

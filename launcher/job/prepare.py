@@ -25,6 +25,7 @@ from launcher.job.binding import bind_core_list, core_binding
 from launcher.job.planning import hostfile_hosts
 from launcher.job.preflight import check_nvme_room
 from launcher.job.spec import RUN_SPEC_FILE, RunSpec
+from launcher.plan.host_buffers import strategy_alloc_conf
 from launcher.plan.planner import Plan
 from launcher.settings import Settings
 
@@ -333,7 +334,7 @@ def launch_spec(
         devices=None if devices is None else devices[0],
         pci_bus_order=devices is not None and devices[1],
         rank_devices=None if devices is None else rank_devices(os.environ.get(VISIBLE_DEVICES_ENV)),
-        alloc_conf=plan.alloc_conf,
+        alloc_conf=strategy_alloc_conf(plan.alloc_conf, plan.chosen.strategy),
         env_file=str(out.resolve() / nodes.ENV_FILE) if settings.hostfile else None,
     )
 

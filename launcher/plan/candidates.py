@@ -124,7 +124,9 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
         checkpointing=workload.activation_checkpointing,
         has_gpu=host.has_gpu,
         pin_memory=pinned,
-        pinned_round_limit=host_buffers.pinned_round_limit(inputs.alloc_conf),
+        pinned_round_limit=host_buffers.pinned_round_limit(
+            host_buffers.strategy_alloc_conf(inputs.alloc_conf, strategy)
+        ),
         grad_accum=grad_accum,
     )
     # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload

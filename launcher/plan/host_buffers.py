@@ -130,6 +130,16 @@ def pinned_alloc_conf(
     return PINNED_ALLOC_CONF
 
 
+def strategy_alloc_conf(alloc_conf: str | None, strategy: Strategy) -> str | None:
+    """The ranks' PYTORCH_ALLOC_CONF under `strategy`, from the plan's (pinned_alloc_conf): none where the
+    activations go to the CPU. save_on_cpu(pin_memory=True) [act-offload] pins new tensors every micro-batch (a
+    layer's input is 2·s·b·h B: 256 MiB at 4096 tokens × 8 × 4096; the logits 4·s·b·V B), and PINNED_ALLOC_CONF
+    leaves blocks above 64 MiB uncached (CachingHostAllocator.h `maybe_cache_block`: size > pinned_max_cached_size
+    -> destroy_block, i.e. cudaFreeHost), so each would be pinned again every micro-batch; torch's default rounds
+    them up and reuses them, which the estimate then counts."""
+    return None if strategy.offload_activations != "none" else alloc_conf
+
+
 def pinned_round_limit(alloc_conf: str | None) -> int | None:
     """estimate(pinned_round_limit=...) for the ranks' PYTORCH_ALLOC_CONF: PINNED_ROUND_LIMIT_BYTES exactly
     when they run with PINNED_ALLOC_CONF, else None (torch's default rounding)."""

@@ -197,9 +197,14 @@ class Trainer:
             if step is not None:
                 kill_point("step", step, self.rank)
             last = micro == self.grad_accum - 1
-            clock.lap("passes")  # forward, backward and (with overlap_comm) the gradient copies they overlap
+            # The clock synchronizes only around the optimizer step (twice per step, not per micro-batch): a
+            # synchronize after every backward would stall the host from queueing the next forward. "passes" is
+            # every forward and backward with the gradient copies they overlap (and the no-op steps between).
+            if last:
+                clock.lap("passes")
             self.engine.step()  # the optimizer step runs at the boundary, after the last micro-batch
-            clock.lap("update" if last else "passes")
+            if last:
+                clock.lap("update")
             counts = count_tokens(inputs, self.spec.model_kind == "seq2seq-lm")
             totals[0] += loss.detach().double()
             totals[1] += counts["trained"]

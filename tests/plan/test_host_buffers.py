@@ -38,3 +38,33 @@ def test_the_allocator_setting_is_one_decision_for_the_estimate_and_the_ranks(
     conf = host_buffers.pinned_alloc_conf(accelerator, environ, torch, local_ranks=local)
     assert conf == expected
     assert host_buffers.pinned_round_limit(conf) == (host_buffers.PINNED_ROUND_LIMIT_BYTES if expected else None)
+
+
+def test_offloaded_activations_keep_torchs_cached_rounding_in_the_estimate_and_the_launch():
+    """save_on_cpu pins new tensors every micro-batch: under PINNED_ALLOC_CONF those above 64 MiB would be freed and
+    pinned again each time, so a strategy that offloads activations runs (and is sized) with torch's default."""
+    from dataclasses import replace
+
+    from launcher.inspection.hostspec import load_host_spec
+    from launcher.inspection.model import inspect_model
+    from launcher.plan.candidates import Inputs, estimate_candidate
+    from launcher.plan.planner import make_plan
+    from launcher.plan.rates import resolve_rates
+    from launcher.plan.workload import Workload
+    from tests.helpers import host_path
+
+    host = load_host_spec(host_path("1x-a100-80g"))
+    model, workload = inspect_model("meta-llama/Llama-2-7b"), Workload(offload_optimizer="cpu", zero_stage="2")
+    plan = make_plan(model, host, workload, resolve_rates(host), alloc_conf=host_buffers.PINNED_ALLOC_CONF)
+    offloaded = plan.chosen.strategy
+    with_activations = replace(offloaded, offload_activations="cpu")
+    assert host_buffers.strategy_alloc_conf(plan.alloc_conf, offloaded) == host_buffers.PINNED_ALLOC_CONF
+    assert host_buffers.strategy_alloc_conf(plan.alloc_conf, with_activations) is None
+
+    def cpu_bytes(strategy, alloc_conf):
+        inputs = Inputs(model, host, plan.workload, plan.rates, 1, 1, alloc_conf)
+        return estimate_candidate(inputs, strategy).memory.cpu_bytes
+
+    conf = host_buffers.PINNED_ALLOC_CONF
+    assert cpu_bytes(offloaded, conf) < cpu_bytes(offloaded, None)  # the 64 MiB limit stops the rounding
+    assert cpu_bytes(with_activations, conf) == cpu_bytes(with_activations, None)  # not set for this one
