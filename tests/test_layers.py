@@ -18,7 +18,18 @@ from tests.helpers import REPO
 PACKAGE = REPO / "launcher"
 # Top-level modules of launcher/ that are small utilities (the bottom stage, with settings and data/); bench.py and
 # __main__.py are entry points (the CLI's stage).
-UTILITIES = {"errors", "units", "files", "textfiles", "resources", "stops", "deepspeed_logging", "settings", "recipes"}
+UTILITIES = {
+    "errors",
+    "units",
+    "files",
+    "textfiles",
+    "resources",
+    "stops",
+    "drills",
+    "deepspeed_logging",
+    "settings",
+    "recipes",
+}
 ENTRY_POINTS = {"bench", "__main__", "cli"}
 STAGES = {"data": 0, "inspection": 1, "measure": 2, "plan": 3, "config": 4, "job": 5, "rank": 6, "views": 6, "cli": 7}
 NEVER = {("plan", "measure"), ("config", "measure")}  # allowed by the order, refused by the design

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from launcher.drills import kill_point
 from launcher.errors import UserInputError
 
 PACKINGS = ("stream", "documents", "pad", "seq2seq")
@@ -139,9 +140,13 @@ def read_cache(path: Path, seq_len: int) -> TokenSet | None:
 
 
 def write_cache(path: Path, token_set: TokenSet) -> None:
+    """`token_set` saved at `path`: into a temporary file named for this process, renamed into place once whole
+    (a reader never sees a partial cache). A temporary file whose writer died (a SIGKILL mid-write: the drill
+    `tokenize:0` fires before the rename) is removed by the next writer."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        _remove_orphaned_temporaries(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.{os.getpid()}.", suffix=".tmp")
     except OSError as exc:
         raise UserInputError(
             f"cannot write the token cache in {path.parent} ({exc.strerror}); use a writable folder"
@@ -151,7 +156,26 @@ def write_cache(path: Path, token_set: TokenSet) -> None:
             np.savez(handle, **token_set.arrays, stats=np.array(json.dumps(token_set.stats)))
             handle.flush()
             os.fsync(handle.fileno())
+        kill_point("tokenize", 0)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_orphaned_temporaries(path: Path) -> None:
+    """The temporary files of `path` (.STEM.PID.XXXX.tmp) whose writing process is gone."""
+    for tmp in path.parent.glob(f".{path.stem}.*.tmp"):
+        pid = tmp.name[len(path.stem) + 2 :].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

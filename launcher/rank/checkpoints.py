@@ -17,21 +17,16 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from launcher.drills import kill_point
 from launcher.files import folder_bytes, write_json_atomic
 from launcher.job.rundir import COMPLETE_MARKER, complete_checkpoints, discard_incomplete
 from launcher.job.spec import RunSpec, node_rank
 from launcher.units import fmt_bytes
 
-# Fault drills: OFFLOAD_LAUNCH_KILL_AT=step:N kills rank 0 with SIGKILL in the middle of step N (after the
-# first backward), =checkpoint:N after DeepSpeed wrote checkpoint N but before its completion marker. Used by
-# the fault tests, and by anyone who wants to see their own setup survive a crash before trusting it.
-KILL_AT_ENV = "OFFLOAD_LAUNCH_KILL_AT"
 CHECKPOINT_BYTES_PER_PARAM = 2 + 12  # 16-bit module + fp32 master and Adam's two moments (ZeRO paper, 16 B - grads)
 
 
@@ -76,13 +71,6 @@ def trim_metrics(path: Path, last_step: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
-
-
-def kill_point(where: str, step: int, rank: int) -> None:
-    """SIGKILL this rank (rank 0 only) when OFFLOAD_LAUNCH_KILL_AT names this point: a real crash, on cue."""
-    if rank == 0 and os.environ.get(KILL_AT_ENV) == f"{where}:{step}":
-        print(f"[offload-launch] {KILL_AT_ENV}={where}:{step}: killing rank 0", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------------- engine

@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.data.sampling import BlockOrder
+from launcher.drills import kill_point
 from launcher.files import folder_bytes, write_json_atomic
 from launcher.inspection.model import AUTO_CLASSES, auto_class
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec, node_rank
 from launcher.measure.passes import enable_recompute
-from launcher.rank.checkpoints import CheckpointStore, kill_point, trim_metrics
+from launcher.rank.checkpoints import CheckpointStore, trim_metrics
 from launcher.rank.export import export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
 from launcher.rank.progress import (

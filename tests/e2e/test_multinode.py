@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher.drills import KILL_AT_ENV
 from launcher.job import rundir
-from launcher.rank.checkpoints import KILL_AT_ENV
 from tests.e2e.conftest import REPO, cpu_environ, launch, launch_args, read_metrics, run_launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

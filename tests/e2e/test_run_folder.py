@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from launcher.drills import KILL_AT_ENV
 from launcher.job import rundir
-from launcher.rank.checkpoints import KILL_AT_ENV
 from tests.e2e.conftest import REPO, launch, launch_args, read_metrics, run_launch
 
 pytestmark = pytest.mark.e2e

@@ -1,11 +1,10 @@
 """Checkpoint bookkeeping on the rank side: which checkpoints count, what a resume discards, what a save
-keeps, and the kill-point drill. DeepSpeed's engine and collectives are stood in for by fakes."""
+keeps. DeepSpeed's engine and collectives are stood in for by fakes."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import signal
 from types import SimpleNamespace
 
 import pytest
@@ -16,12 +15,10 @@ from launcher.rank import checkpoints
 from launcher.rank.checkpoints import (
     CHECKPOINT_BYTES_PER_PARAM,
     COMPLETE_MARKER,
-    KILL_AT_ENV,
     CheckpointStore,
     checkpoint_bytes,
     complete_checkpoints,
     discard_incomplete,
-    kill_point,
     mark_complete,
     previous_checkpoint,
     trim_metrics,
@@ -115,24 +112,6 @@ def test_trim_metrics_keeps_steps_up_to_the_checkpoint_and_drops_torn_lines(tmp_
 def test_trim_metrics_without_a_file_writes_none(tmp_path):
     trim_metrics(tmp_path / "metrics.jsonl", 3)
     assert list(tmp_path.iterdir()) == []
-
-
-# ------------------------------------------------------------------------------------------- drill
-
-
-def test_kill_point_kills_rank_0_only_at_the_named_point(monkeypatch):
-    kills = []
-    monkeypatch.setattr(checkpoints.os, "kill", lambda pid, sig: kills.append(sig))
-    monkeypatch.setenv(KILL_AT_ENV, "checkpoint:4")
-    kill_point("step", 4, rank=0)
-    kill_point("checkpoint", 2, rank=0)
-    kill_point("checkpoint", 4, rank=1)
-    assert kills == []
-    kill_point("checkpoint", 4, rank=0)
-    assert kills == [signal.SIGKILL]
-    monkeypatch.delenv(KILL_AT_ENV)
-    kill_point("checkpoint", 4, rank=0)
-    assert kills == [signal.SIGKILL]
 
 
 # ------------------------------------------------------------------------------------------- store
