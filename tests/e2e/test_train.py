@@ -92,37 +92,74 @@ def test_two_ranks(tiny_model, tiny_data, tmp_path):
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))  # no leaked 66 MiB buffers
 
 
-def test_a_hard_killed_command_takes_its_ranks_with_it_and_the_next_run_resumes(tiny_model, tiny_data, tmp_path):
-    """SIGKILL of offload-launch (the OOM killer, a CI job's timeout) mid-training: within 10 s no process of the
-    run is left (job/supervise.py), the run folder's lock is free, and the same command resumes."""
+def run_processes(out: Path) -> list:
+    """The processes of the run in `out`: every one names its run_spec.json."""
     import psutil
 
+    spec = str(out.resolve() / "run_spec.json")
+    return [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
+
+
+def gone_within_10_s(out: Path) -> None:
+    killed = time.monotonic()
+    while run_processes(out) and time.monotonic() - killed < 10:
+        time.sleep(0.2)
+    assert run_processes(out) == [], "a process of the run outlived the command by 10 s"
+
+
+def test_a_hard_killed_command_takes_its_run_with_it_at_every_phase_and_the_next_run_resumes(
+    tiny_model, tiny_data, tmp_path
+):
+    """SIGKILL of offload-launch (the OOM killer, a CI job's timeout) while it tokenizes, in the middle of a step, and
+    while a checkpoint is written (drills.py's cli@ points): within 10 s no process of the run is left
+    (job/supervise.py), the folder's lock is free, the next command starts, and the last one resumes from the
+    checkpoint the killed one completed. Then during a JIT build of cpu_adam (a fresh extensions folder): the
+    compilers go too, and the lock they leave is stale for the next run (job/build_locks.py)."""
+    from launcher.drills import KILL_AT_ENV
+
     out = tmp_path / "run"
-    options = ("--steps", "400", "--save-every", "2", "--zero-stage", "2", "--offload-optimizer", "cpu")
+    options = ("--steps", "4", "--save-every", "2", "--zero-stage", "2", "--offload-optimizer", "cpu")
+    for cue in ("cli@tokenize:0", "cli@checkpoint:2", "cli@step:3"):
+        killed = subprocess.run(
+            launch_args(tiny_model, tiny_data, out, *options),
+            capture_output=True,
+            text=True,
+            env={**os.environ, KILL_AT_ENV: cue},
+            timeout=600,
+        )
+        assert killed.returncode == -signal.SIGKILL, (cue, killed.returncode, killed.stderr[-2000:])
+        gone_within_10_s(out)
+    resumed = run_launch(tiny_model, tiny_data, out, *options)  # the lock is free
+    assert "resumed from step" in resumed.stderr and read_metrics(out)[-1]["step"] == 4
+
+    # a JIT build killed with its command: DeepSpeed's lock is left, nothing builds on, the next run clears it
+    from launcher.job import build_locks
+
+    extensions = tmp_path / "extensions"
+
+    def building() -> list[int]:
+        table = build_locks.processes()
+        return [pid for pid, (_, cwd) in table.items() if cwd == extensions or extensions in cwd.parents]
+
     proc = subprocess.Popen(
-        launch_args(tiny_model, tiny_data, out, *options),
+        launch_args(tiny_model, tiny_data, tmp_path / "jit", *options),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)},
     )
-    spec = str(out.resolve() / "run_spec.json")
-
-    def run_processes() -> list:
-        return [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
-
-    deadline = time.monotonic() + 600
-    while not list((out / "checkpoints").glob("step*/complete.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint within 10 minutes"
+    deadline = time.monotonic() + 300
+    while not (list(extensions.glob(f"*/{build_locks.LOCK_NAME}")) and building()):
+        assert proc.poll() is None and time.monotonic() < deadline, "no op build within 5 minutes"
         time.sleep(0.2)
-    assert run_processes(), "the ranks run"
     proc.kill()
     proc.wait()
+    gone_within_10_s(tmp_path / "jit")
     killed = time.monotonic()
-    while run_processes() and time.monotonic() - killed < 10:
+    while building() and time.monotonic() - killed < 10:
         time.sleep(0.2)
-    assert run_processes() == [], "a process of the run outlived the command by 10 s"
-    resumed = run_launch(tiny_model, tiny_data, out, *options)  # the lock is free
-    assert "resumed from step" in resumed.stderr
+    assert building() == [], "a compiler outlived the command by 10 s"
+    later = time.time() + build_locks.LOCK_GRACE_SECONDS + 1
+    assert build_locks.stale_locks([extensions], now=later), "the killed build's lock is not seen as stale"
 
 
 def test_interrupt_and_resume(tiny_model, tiny_data, tmp_path):
