@@ -130,9 +130,50 @@ def run_cli(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedP
     )
 
 
-def band(predicted: float | None, measured: float | None) -> dict:
+# measured / predicted within which a prediction holds: peak memory (GPU and host RAM) and the warm step time
+MEMORY_BAND = (0.9, 1.1)
+STEP_BAND = (0.8, 1.25)
+
+
+def band(predicted: float | None, measured: float | None, limits: tuple[float, float]) -> dict:
+    """The figure predicted and measured, their ratio and whether it lies in `limits` (None: not measured)."""
     ratio = measured / predicted if predicted and measured else None
-    return {"predicted": predicted, "measured": measured, "measured_over_predicted": ratio}
+    within = None if ratio is None else limits[0] <= ratio <= limits[1]
+    return {
+        "predicted": predicted,
+        "measured": measured,
+        "measured_over_predicted": ratio,
+        "band": list(limits),
+        "within": within,
+    }
+
+
+BANDED = ("gpu_bytes_per_device", "cpu_bytes_per_node", "step_seconds")
+
+
+def bands_hold(record: dict) -> bool:
+    """Every banded figure of a smoke run that was measured lies in its band."""
+    return all(record.get(name, {}).get("within") is not False for name in BANDED)
+
+
+def table(runs: list[dict]) -> str:
+    """The measured/predicted ratios per strategy, one line each (what the docs quote)."""
+
+    def ratio(record: dict, name: str) -> str:
+        value = record.get(name, {}).get("measured_over_predicted")
+        return "-" if value is None else f"{value:.2f}" + ("" if record[name]["within"] else " !")
+
+    lines = [f"{'strategy':<20} {'GPU mem':>9} {'host RAM':>9} {'step':>9}  result"]
+    for record in runs:
+        name = record.get("strategy", "?")
+        if "skipped" in record:
+            lines.append(f"{name:<20} skipped: {record['skipped']}")
+            continue
+        cells = [ratio(record, key) for key in BANDED]
+        lines.append(
+            f"{name:<20} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9}  {'pass' if record.get('passed') else 'FAIL'}"
+        )
+    return "\n".join(lines)
 
 
 def probe(model: Path, tokens: int, env: dict, *, quick: bool, nvme: Path | None) -> dict:
@@ -203,12 +244,15 @@ def smoke_run(
     losses = (loss.get("details") or {}).get("losses") or []
     measured_step, how = warm_step_seconds((loss.get("details") or {}).get("step_seconds") or [])
     record["gpu_bytes_per_device"] = band(
-        predicted_memory.get("gpu_bytes_per_device"), measured_memory.get("gpu_bytes_per_device")
+        predicted_memory.get("gpu_bytes_per_device"), measured_memory.get("gpu_bytes_per_device"), MEMORY_BAND
     )
     record["cpu_bytes_per_node"] = band(
-        predicted_memory.get("cpu_bytes_per_node"), measured_memory.get("cpu_bytes_per_node")
+        predicted_memory.get("cpu_bytes_per_node"), measured_memory.get("cpu_bytes_per_node"), MEMORY_BAND
     )
-    record["step_seconds"] = band(predicted_step, measured_step) | {"measured_how": how}
+    record["step_seconds"] = band(predicted_step, measured_step, STEP_BAND) | {"measured_how": how}
+    if gpu and not bands_hold(record):  # on the GPU the predictions are what is checked; on the CPU only the path
+        record["passed"] = False
+        record["failed_check"] = record.get("failed_check") or "bands"
     record["losses"] = losses
     return record
 
@@ -370,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "passed": probed["ok"] and all(r.get("passed") for r in runs if "skipped" not in r),
         "seconds": time.monotonic() - started,
     }
+    log(f"measured / predicted (! outside memory {MEMORY_BAND}, step {STEP_BAND}):\n{table(runs)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -69,5 +69,28 @@ def test_strategies_are_parsed_and_checked():
     warm, how = gpu_check.warm_step_seconds([9.0, 1.0, 3.0, 2.0])  # the first step compiles: left out
     assert warm == 2.0 and how == "median of the smoke run's 3 steps after the first"
     assert gpu_check.warm_step_seconds([4.0])[0] == 4.0 and gpu_check.warm_step_seconds([])[0] is None
-    assert gpu_check.band(2.0, 3.0) == {"predicted": 2.0, "measured": 3.0, "measured_over_predicted": 1.5}
-    assert gpu_check.band(None, 3.0)["measured_over_predicted"] is None
+    held = gpu_check.band(2.0, 2.4, gpu_check.STEP_BAND)
+    assert held == {
+        "predicted": 2.0,
+        "measured": 2.4,
+        "measured_over_predicted": 1.2,
+        "band": [0.8, 1.25],
+        "within": True,
+    }
+    assert gpu_check.band(2.0, 2.4, gpu_check.MEMORY_BAND)["within"] is False  # memory: [0.9, 1.1]
+    assert gpu_check.band(None, 3.0, gpu_check.STEP_BAND)["within"] is None  # not measured: no verdict
+
+
+def test_a_gpu_run_outside_its_bands_fails_and_the_table_says_which():
+    gpu_check = _gpu_check()
+    record = {
+        "strategy": "ZeRO-2 optimizer=cpu param=none",
+        "passed": True,
+        "gpu_bytes_per_device": gpu_check.band(10.0, 10.5, gpu_check.MEMORY_BAND),
+        "cpu_bytes_per_node": gpu_check.band(10.0, 12.0, gpu_check.MEMORY_BAND),  # 1.2: outside
+        "step_seconds": gpu_check.band(1.0, None, gpu_check.STEP_BAND),
+    }
+    assert not gpu_check.bands_hold(record)
+    lines = gpu_check.table([record, {"strategy": "ZeRO-3 nvme", "skipped": "no libaio"}]).splitlines()
+    assert lines[1].split() == ["ZeRO-2", "optimizer=cpu", "param=none", "1.05", "1.20", "!", "-", "pass"]
+    assert lines[2] == "ZeRO-3 nvme          skipped: no libaio"
