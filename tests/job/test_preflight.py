@@ -127,15 +127,14 @@ def _toolkit_problem(plan, config=None):
     return next((p for p in preflight.find_problems(plan, config=config) if p.check == "cuda_toolkit"), None)
 
 
+def llama7b_on_8_a100s():
+    """Llama-2-7B on 8 x A100-80GB, as if probed live: nothing offloaded."""
+    host = load_host_spec(host_path("8x-a100-80g"))
+    return live(make_plan(inspect_model("meta-llama/Llama-2-7b"), host, Workload(), resolve_rates(host)))
+
+
 def test_gpu_plan_without_offload_needs_no_cuda_toolkit(no_cuda_toolkit):
-    plan = live(
-        make_plan(
-            inspect_model("meta-llama/Llama-2-7b"),
-            (h := load_host_spec(host_path("8x-a100-80g"))),
-            Workload(),
-            resolve_rates(h),
-        )
-    )
+    plan = llama7b_on_8_a100s()
     assert not plan.chosen.strategy.offloads
     assert preflight.cuda_ops_needed(plan) == []
     assert _toolkit_problem(plan) is None
@@ -144,14 +143,7 @@ def test_gpu_plan_without_offload_needs_no_cuda_toolkit(no_cuda_toolkit):
 def test_config_that_turns_torch_adam_off_needs_nvcc_for_fused_adam(no_cuda_toolkit):
     from launcher.config import dsconfig
 
-    plan = live(
-        make_plan(
-            inspect_model("meta-llama/Llama-2-7b"),
-            (h := load_host_spec(host_path("8x-a100-80g"))),
-            Workload(),
-            resolve_rates(h),
-        )
-    )
+    plan = llama7b_on_8_a100s()
     config = dsconfig.render(plan)
     config["optimizer"]["params"].pop("torch_adam")
     problem = _toolkit_problem(plan, config)
