@@ -344,5 +344,6 @@ def estimate_config(config: dict, plan: Plan, world_size: int) -> tuple[Strategy
             strategy_alloc_conf(plan.alloc_conf, plan.chosen.strategy if plan.chosen else sized)
         ),
         grad_accum=_int_or_auto(config.get("gradient_accumulation_steps"), plan.workload.grad_accum),
+        cuda_context_bytes=plan.rates.cuda_context_bytes,
     )
     return strategy, estimate

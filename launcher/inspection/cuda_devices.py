@@ -374,3 +374,36 @@ def _uuid_indices(nvml, selection: list[str]) -> list[int]:
     if any(d.mig for d in devices):
         devices = devices[:1]  # one MIG instance per process (see inspect_gpus)
     return list(dict.fromkeys(d.index for d in devices))
+
+
+def nvml_handle(torch, device) -> tuple[object, object]:
+    """(pynvml, the NVML handle of `device`) matched by UUID (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+    renumber devices, NVML does not); (None, None) without NVML or a match (a MIG slice, for one)."""
+    # no NVML, no driver or no UUID (any NVMLError, ImportError, ...): the caller falls back to total - free
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetUUID(handle)
+            if (name.decode() if isinstance(name, bytes) else str(name)).endswith(uuid):
+                return pynvml, handle
+    return None, None
+
+
+def nvml_process_bytes(nvml, handle, pid: int) -> int | None:
+    """What NVML says process `pid` holds on the device (context included); also the only process listed,
+    which must be this one when this one holds memory there. None when NVML cannot tell."""
+    if nvml is None or handle is None:
+        return None
+    try:
+        processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except Exception:  # noqa: BLE001 - NVML errors are a reason to fall back, not to stop training
+        return None
+    mine = [p for p in processes if p.pid == pid] or (processes if len(processes) == 1 else [])
+    used = [p.usedGpuMemory for p in mine]
+    if not used or any(not isinstance(u, int) or u <= 0 or u >= 2**63 for u in used):
+        return None  # NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver hides per-process figures
+    return sum(used)

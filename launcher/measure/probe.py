@@ -333,6 +333,27 @@ def _measure_gpu(figures: dict, details: dict, *, quick: bool, shapes, tokens: i
         "shapes_from": "model" if shapes else "default (the probe was not told the model)",
         "device_name": _cuda_name(),
     }
+    if (context := measure_cuda_context()) is not None:
+        figures["cuda_context_bytes"] = context
+
+
+def measure_cuda_context() -> int | None:
+    """Bytes this process holds on its GPU outside torch's caching allocator once CUDA, cuBLAS and the matmuls ran
+    (the CUDA context, the kernels' modules, the library handles): NVML's figure for this process less
+    torch.cuda.memory_reserved(). What plan/memory.py counts as the "CUDA context" per device (CUDA_CONTEXT_BYTES,
+    1 GiB, where nothing was measured). None where NVML cannot tell this process apart (a pid namespace with other
+    processes on the GPU)."""
+    import torch
+
+    from launcher.inspection.cuda_devices import nvml_handle, nvml_process_bytes
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize(device)
+    nvml, handle = nvml_handle(torch, device)
+    used = nvml_process_bytes(nvml, handle, os.getpid())
+    if used is None:
+        return None
+    return max(0, used - torch.cuda.memory_reserved(device))
 
 
 def tokens_label(tokens: int) -> str:

@@ -128,6 +128,7 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
             host_buffers.strategy_alloc_conf(inputs.alloc_conf, strategy)
         ),
         grad_accum=grad_accum,
+        cuda_context_bytes=inputs.rates.cuda_context_bytes,
     )
     # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
     gpu_share = subgroups.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0

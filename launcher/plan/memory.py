@@ -324,14 +324,18 @@ def estimate(
     pin_memory: bool = True,
     pinned_round_limit: int | None = None,
     grad_accum: int = 1,
+    cuda_context_bytes: int | None = None,
 ) -> MemoryEstimate:
     """Bytes per tier for one strategy. `pin_memory`: the ds_config's offload_*.pin_memory (the planner's
     default, True, is the conservative side); `pinned_round_limit`: PINNED_ROUND_LIMIT_BYTES when the ranks
     run with PINNED_ALLOC_CONF, None for torch's default rounding (both host_buffers.py); `grad_accum`: gradient
-    accumulation steps (ZeRO-1/2 CPU offload pins per-param accumulation buffers when > 1)."""
+    accumulation steps (ZeRO-1/2 CPU offload pins per-param accumulation buffers when > 1); `cuda_context_bytes`:
+    the probe's (Rates.cuda_context_bytes), None for CUDA_CONTEXT_BYTES."""
     workload = {"seq_len": seq_len, "micro_batch": micro_batch, "checkpointing": checkpointing, "has_gpu": has_gpu}
     gpu, cpu_per_rank, nvme_per_rank = _states_by_tier(shape, strategy, buckets, world)
     gpu |= _device_terms(shape, strategy, buckets, world=world, **workload)
+    if has_gpu and cuda_context_bytes is not None:
+        gpu["CUDA context"] = cuda_context_bytes  # measured on this host (measure/probe.py)
     cpu_per_rank |= offload_host_terms(
         shape,
         strategy,

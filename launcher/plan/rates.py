@@ -93,6 +93,9 @@ class Rates:
     # [DS-hooks] ZeRO's seconds per parameter tensor by family, measured on this host (measure/zero_costs.py);
     # a family not in it: ZERO_TENSOR_SECONDS
     zero_tensor_seconds: dict = field(default_factory=dict)
+    # What a process holds on its GPU outside the caching allocator (measure/probe.py measure_cuda_context);
+    # None: memory.CUDA_CONTEXT_BYTES, the nominal figure
+    cuda_context_bytes: int | None = None
 
     def zero_seconds(self, family: str) -> float:
         """ZeRO's seconds per parameter tensor of `family` (ZERO_TENSOR_SECONDS' keys): measured, else nominal."""
@@ -187,7 +190,19 @@ def resolve_rates(
         passes_fixed_seconds=passes["fixed_seconds"] if passes else None,
         passes_tokens=passes["tokens"] if passes else 0,
         zero_tensor_seconds=zero_costs,
+        cuda_context_bytes=_cuda_context(host, measured, sources),
     )
+
+
+def _cuda_context(host: HostProfile, measured: Mapping, sources: dict) -> int | None:
+    """The probed CUDA context of this host's GPUs, its source noted; None without a GPU or a measurement."""
+    if not host.has_gpu:
+        return None
+    if "cuda_context_bytes" in measured:
+        sources["cuda_context_bytes"] = "measured"
+        return int(measured["cuda_context_bytes"])
+    sources["cuda_context_bytes"] = "nominal"
+    return None
 
 
 def _pick(

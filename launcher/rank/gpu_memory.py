@@ -4,9 +4,9 @@ over ranks (trainer.py gathers them every step)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
+from launcher.inspection.cuda_devices import nvml_handle, nvml_process_bytes
 from launcher.rank.progress import GPU_SOURCES, gpu_step_figures
 
 
@@ -57,36 +57,3 @@ class GpuMemory:
             return used, GPU_SOURCES[0]
         free, total = self.torch.cuda.mem_get_info(self.device)
         return total - free, GPU_SOURCES[1]
-
-
-def nvml_handle(torch, device) -> tuple[object, object]:
-    """(pynvml, the NVML handle of `device`) matched by UUID (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
-    renumber devices, NVML does not); (None, None) without NVML or a match (a MIG slice, for one)."""
-    # no NVML, no driver or no UUID (any NVMLError, ImportError, ...): the caller falls back to total - free
-    with contextlib.suppress(Exception):
-        import pynvml
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetUUID(handle)
-            if (name.decode() if isinstance(name, bytes) else str(name)).endswith(uuid):
-                return pynvml, handle
-    return None, None
-
-
-def nvml_process_bytes(nvml, handle, pid: int) -> int | None:
-    """What NVML says process `pid` holds on the device (context included); also the only process listed,
-    which must be this one when this one holds memory there. None when NVML cannot tell."""
-    if nvml is None or handle is None:
-        return None
-    try:
-        processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-    except Exception:  # noqa: BLE001 - NVML errors are a reason to fall back, not to stop training
-        return None
-    mine = [p for p in processes if p.pid == pid] or (processes if len(processes) == 1 else [])
-    used = [p.usedGpuMemory for p in mine]
-    if not used or any(not isinstance(u, int) or u <= 0 or u >= 2**63 for u in used):
-        return None  # NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver hides per-process figures
-    return sum(used)

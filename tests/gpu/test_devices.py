@@ -51,3 +51,16 @@ def test_nvml_sees_the_devices_and_free_memory_torch_sees():
 def _memory(handle) -> tuple[int, int]:
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)
     return int(info.total), int(info.free)
+
+
+def test_the_probe_measures_the_cuda_context_this_process_holds():
+    """measure/probe.py: what the process holds outside the caching allocator once cuBLAS ran, the figure the
+    plan's "CUDA context" term takes (nominal: 1 GiB); between 100 MiB and 4 GiB on any GPU torch supports."""
+    from launcher.measure.probe import measure_cuda_context
+
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    context = measure_cuda_context()
+    if context is None:
+        pytest.skip("NVML cannot tell this process apart (a pid namespace with other processes on the GPU)")
+    assert 100 * 2**20 < context < 4 * 2**30

@@ -52,3 +52,24 @@ def test_no_probe_and_an_empty_one_differ_only_in_what_was_tried():
     assert plan_rates.resolve_rates(host) == plan_rates.resolve_rates(host, {}, {})
     tried = plan_rates.resolve_rates(host, {}, {"zero_tensor_seconds": {}})
     assert tried.sources["zero_tensor_seconds"] == "nominal (not measurable here)"
+
+
+def test_a_probed_cuda_context_replaces_the_nominal_gigabyte_in_every_estimate():
+    from launcher.inspection.model import inspect_model
+    from launcher.plan import memory
+    from launcher.plan.planner import make_plan
+    from launcher.plan.workload import Workload
+
+    host, model = _gpu_host("NVIDIA H100 80GB HBM3"), inspect_model("meta-llama/Llama-2-7b")
+    nominal = plan_rates.resolve_rates(host)
+    probed = plan_rates.resolve_rates(host, {"cuda_context_bytes": 600 * 2**20})
+    assert (nominal.cuda_context_bytes, nominal.sources["cuda_context_bytes"]) == (None, "nominal")
+    assert (probed.cuda_context_bytes, probed.sources["cuda_context_bytes"]) == (600 * 2**20, "measured")
+    before, after = make_plan(model, host, Workload(), nominal), make_plan(model, host, Workload(), probed)
+    for old, new in zip(before.candidates, after.candidates, strict=True):
+        assert old.memory.gpu_terms["CUDA context"] == memory.CUDA_CONTEXT_BYTES
+        assert new.memory.gpu_terms["CUDA context"] == 600 * 2**20
+        assert (
+            old.memory.gpu_bytes_per_device - new.memory.gpu_bytes_per_device == memory.CUDA_CONTEXT_BYTES - 600 * 2**20
+        )
+    assert plan_rates.resolve_rates(load_host_spec(host_path("cpu-only"))).cuda_context_bytes is None
