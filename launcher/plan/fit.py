@@ -8,22 +8,32 @@ from launcher.plan.planner import Plan
 from launcher.units import fmt_bytes
 
 
+def _tiers(candidate, host) -> list[tuple[str, int, int]]:
+    """(tier, bytes needed, bytes usable) for each tier `candidate` uses on `host`."""
+    m = candidate.memory
+    tiers = [("CPU RAM", m.cpu_bytes, capacity.usable_cpu_bytes(host))]
+    if host.has_gpu:
+        tiers.append(("GPU", m.gpu_bytes_per_device, capacity.usable_gpu_bytes(host)))
+    if m.nvme_bytes:
+        tiers.append(("NVMe", m.nvme_bytes, capacity.usable_nvme_bytes(host) if host.nvme else 0))
+    return tiers
+
+
 def closest_shortfall(plan: Plan) -> str:
-    """The candidate that misses by the least (largest need / capacity over its tiers), with its numbers."""
+    """The candidate that misses by the least (its largest need / capacity over its tiers), with its problems and
+    by how much its tightest tier is short."""
 
     def overshoot(candidate) -> float:
-        m, host = candidate.memory, plan.host
-        ratios = [m.cpu_bytes / max(1, capacity.usable_cpu_bytes(host))]
-        if host.has_gpu:
-            ratios.append(m.gpu_bytes_per_device / max(1, capacity.usable_gpu_bytes(host)))
-        if m.nvme_bytes:
-            ratios.append(m.nvme_bytes / max(1, capacity.usable_nvme_bytes(host)) if host.nvme else float("inf"))
-        return max(ratios)
+        return max(
+            need / max(1, usable) if usable else float("inf") for _, need, usable in _tiers(candidate, plan.host)
+        )
 
     if not plan.candidates:
         return "no strategy matches the pinned --zero-stage/--offload-* combination"
     best = min(plan.candidates, key=overshoot)
-    return f"{best.strategy.label} ({'; '.join(best.problems)})"
+    tier, need, usable = max(_tiers(best, plan.host), key=lambda t: t[1] / max(1, t[2]) if t[2] else float("inf"))
+    short = f"; {fmt_bytes(need - usable)} short of {tier}" if need > usable and usable else ""
+    return f"{best.strategy.label} ({'; '.join(best.problems)}{short})"
 
 
 def does_not_fit(plan: Plan) -> DoesNotFit:
