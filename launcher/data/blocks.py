@@ -67,12 +67,48 @@ def packs_documents(model_type: str, trust_remote_code: bool = False) -> bool:
     """Whether transformers' own causal LM for `model_type` keeps packed documents apart when given restarting
     position ids: its module builds the attention mask with masking_utils.create_causal_mask (which finds the
     packed documents in position_ids) and its forward takes position_ids. A model with its own code
-    (--trust-remote-code) or no causal LM class is not known to: False."""
+    (--trust-remote-code) or no causal LM class is not known to: False. Read from the modeling module's source
+    (modeling_source_packs): importing it imports torch, seconds of every command; where the source cannot say,
+    the module is imported (packs_documents_imported)."""
+    if trust_remote_code:
+        return False
+    found = modeling_source_packs(model_type)
+    return packs_documents_imported(model_type) if found is None else found
+
+
+def modeling_source_packs(model_type: str) -> bool | None:
+    """packs_documents from transformers/models/<type>/modeling_<type>.py's text: the module names
+    create_causal_mask, and its one *ForCausalLM class's forward takes position_ids. None where the file is not
+    there or does not hold exactly one such class (the caller imports the module instead)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    module = model_type.replace("-", "_")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / module / f"modeling_{module}.py"
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    causal = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ForCausalLM")]
+    if len(causal) != 1:
+        return None
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    forward = next((n for n in causal[0].body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        return None
+    arguments = [a.arg for a in (*forward.args.posonlyargs, *forward.args.args, *forward.args.kwonlyargs)]
+    return "create_causal_mask" in names and "position_ids" in arguments
+
+
+def packs_documents_imported(model_type: str) -> bool:
+    """packs_documents by importing transformers' causal LM class for `model_type` (torch with it)."""
     import inspect
     import sys
 
-    if trust_remote_code:
-        return False
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserInputError
+from launcher.files import tool_cache_dir, write_json_atomic
 from launcher.inspection import limits
 from launcher.inspection.cuda_devices import inspect_visible_gpus
 from launcher.inspection.hostprofile import HostProfile, NvmeSpec
@@ -92,17 +93,51 @@ def _is_nvme_backed(path: Path) -> bool | None:
     return "nvme" in str(sys_path)
 
 
+OPS_CACHE_FILE = "usable_ops.json"
+
+
 @functools.cache
 def op_usable(builder: str) -> bool:
     """Whether DeepSpeed's op `builder` (AsyncIOBuilder, CPUAdamBuilder, ...) reports itself compatible with
     this machine. Asked in a child process: DeepSpeed's check redirects the stderr file descriptor and prints
-    to stdout."""
+    to stdout. A yes is remembered for this environment (sys.prefix), DeepSpeed release and host (the child
+    imports DeepSpeed and torch: 3-5 s of every command that checks an op); a no is asked again, so that
+    installing libaio or a compiler is seen at once."""
+    key = _ops_key()
+    cached = _read_ops_cache()
+    if cached.get(key, {}).get(builder):
+        return True
     code = f"from deepspeed.ops.op_builder import {builder} as B; import sys; sys.exit(not B().is_compatible())"
     try:
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return result.returncode == 0
+    if result.returncode != 0:
+        return False
+    cached.setdefault(key, {})[builder] = True
+    with contextlib.suppress(OSError):
+        write_json_atomic(tool_cache_dir() / OPS_CACHE_FILE, cached)
+    return True
+
+
+def _ops_key() -> str:
+    import importlib.metadata
+
+    try:
+        release = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        release = "none"
+    return f"{sys.prefix}|deepspeed {release}|{host_id()}"  # the environment (a venv), its DeepSpeed, the machine
+
+
+def _read_ops_cache() -> dict:
+    import json
+
+    try:
+        data = json.loads((tool_cache_dir() / OPS_CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def aio_usable() -> bool:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.deepspeed_logging import import_deepspeed
 from launcher.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Stopped, UserInputError
 from launcher.files import folder_bytes
 from launcher.inspection import host as live_host
@@ -337,20 +336,39 @@ def cpu_adam_buildable() -> bool:
 
 
 def _prebuilt_ops() -> dict:
-    try:
-        import_deepspeed()
-        from deepspeed.git_version_info import installed_ops
-    except ImportError:
+    """The ops compiled into the installed DeepSpeed ({name: bool}): its git_version_info_installed.py, which its
+    setup.py writes (`installed_ops`), read as text: importing DeepSpeed imports torch (3-5 s of every command)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
         return {}
-    return dict(installed_ops)
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "git_version_info_installed.py").read_text()
+        tree = ast.parse(text)
+    except (OSError, SyntaxError):
+        return {}  # a source checkout: nothing prebuilt
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "installed_ops" for t in node.targets):
+            try:
+                ops = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return dict(ops) if isinstance(ops, dict) else {}
+    return {}
 
 
 def _ninja_available() -> bool:
+    """What torch's JIT builder requires (torch/utils/cpp_extension.py is_ninja_available: `ninja --version` runs),
+    asked the same way without importing torch."""
+    import subprocess
+
     try:
-        from torch.utils.cpp_extension import is_ninja_available
-    except ImportError:
-        return shutil.which("ninja") is not None
-    return is_ninja_available()
+        subprocess.run(["ninja", "--version"], capture_output=True, check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
 
 
 def shm_leftovers(*, remove: bool) -> tuple[list[launch.ShmBuffer], str | None]:

@@ -109,3 +109,50 @@ def test_the_host_identity_survives_a_few_mib_of_ram_drift(monkeypatch):
     assert host_id() == before
     monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(32 * 2**30, 0))
     assert host_id() != before  # more RAM installed: another machine for the cache
+
+
+def test_a_usable_op_is_asked_once_per_environment_and_a_missing_one_every_time(monkeypatch, tmp_path):
+    """op_usable's child imports DeepSpeed and torch (seconds): a yes is kept in the tool's cache, a no is not."""
+    import json
+    import subprocess
+
+    from launcher.inspection import host
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host.op_usable.cache_clear()
+    assert host.op_usable("CPUAdamBuilder")  # a real child: g++, ninja and DeepSpeed's check, as make install sets up
+    kept = json.loads((tmp_path / "offload-launch" / host.OPS_CACHE_FILE).read_text())
+    assert list(kept.values()) == [{"CPUAdamBuilder": True}]
+    host.op_usable.cache_clear()
+    children = []
+    real_run = subprocess.run
+    monkeypatch.setattr(host.subprocess, "run", lambda argv, **kw: children.append(argv) or real_run(argv, **kw))
+    assert host.op_usable("CPUAdamBuilder") and children == []  # from the cache
+    assert not host.op_usable("NoSuchBuilder") and len(children) == 1  # asked, refused, not kept
+    host.op_usable.cache_clear()
+    assert not host.op_usable("NoSuchBuilder") and len(children) == 2
+    host.op_usable.cache_clear()
+
+
+def test_a_dry_run_with_data_imports_neither_torch_nor_deepspeed(tiny_llama_dir, tmp_path):
+    """Once the model is profiled and its config validated (both cached: the first dry run builds the model on the
+    meta device and asks DeepSpeed's config classes), the plan, the layout of the data and the host's checks come
+    from files and small children: a dry run takes about a second, not the ten that importing torch, a model's
+    module and DeepSpeed took."""
+    import json
+    import subprocess
+    import sys
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    argv = ["--model", str(tiny_llama_dir), "--data", str(data), "--output-dir", str(tmp_path / "o"), "--dry-run"]
+    argv += ["--offload-optimizer", "cpu", "--zero-stage", "2"]  # the CPU-Adam check too
+    code = (
+        "import sys; from launcher.cli.app import main\n"
+        f"sys.argv = ['offload-launch', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules), file=sys.stderr)"
+    )
+    first, again = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True) for _ in range(2))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert again.returncode == 0 and again.stderr.strip().splitlines()[-1] == "[]", again.stderr[-2000:]
