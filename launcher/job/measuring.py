@@ -21,7 +21,7 @@ from launcher.inspection.model import inspect_model
 from launcher.job import build_locks
 from launcher.measure import cache, zero_costs
 from launcher.measure import passes as cuts
-from launcher.measure.probe import AIO_SWEEP, GPU_MATMUL_TOKENS, ProbeResult, run_probe
+from launcher.measure.probe import AIO_SWEEP, GPU_MATMUL_TOKENS, ProbeResult, measure_nvme_into, nvme_mount, run_probe
 from launcher.plan.compute import flops_per_token
 from launcher.plan.framework import zero_param_seconds
 from launcher.plan.rates import NOMINAL_CPU_MEMORY_BANDWIDTH, resolve_rates
@@ -42,11 +42,12 @@ def fill_cache(
     identity = host_id()
     path = cache.probe_path(tool_cache_dir())
     probe = cache.load_probe(path, identity)
-    unprobed_nvme = bool(nvme_path) and (probe is None or probe["details"].get("nvme_path") != nvme_path)
-    if probe is None or unprobed_nvme:
-        what = "this host" if probe is None else f"the NVMe folder {nvme_path}"
-        log(f"no measured rates for {what} yet: measuring them once (offload-launch probe; cached) ...")
+    if probe is None:
+        log("no measured rates for this host yet: measuring them once (offload-launch probe; cached) ...")
         probe = probe_and_cache(nvme_path, quick=False, log=log, for_run=True)[0].to_json()
+    elif nvme_path and not drive_probed(probe, nvme_path):
+        log(f"no measured rates for the drive of {nvme_path} yet: measuring it once (cached) ...")
+        probe = with_nvme(probe, path, nvme_path, log)
     if "zero_tensor_seconds" not in probe["details"]:
         log("no measured ZeRO per-tensor cost for this host yet: measuring it once (cached) ...")
         probe = with_zero_costs(probe, path, log)
@@ -103,6 +104,30 @@ def probe_and_cache(
     path = cache.probe_path(tool_cache_dir())
     cache.save_probe(result.to_json(), path)
     return result, path
+
+
+def drive_probed(probe: dict, nvme_path: str) -> bool:
+    """Whether `probe` measured the drive `nvme_path` is on (the folder itself, or another on the same mount)."""
+    details = probe["details"]
+    if details.get("nvme_path") == nvme_path:
+        return True
+    return details.get("nvme_mount") is not None and details["nvme_mount"] == nvme_mount(nvme_path)
+
+
+def with_nvme(probe: dict, path: Path, nvme_path: str, log: Log) -> dict:
+    """A cached probe with the drive under `nvme_path` measured now (and cached): the host's other figures are
+    the machine's, not the folder's, and stay."""
+    build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # it builds async_io
+    if not inspect_host(nvme_path).nvme.aio_usable:
+        raise UserInputError(
+            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL), then probe again"
+        )
+    figures, details = dict(probe["figures"]), dict(probe["details"])
+    aio = measure_nvme_into(figures, details, nvme_path, quick=False, sweep=AIO_SWEEP[:2], log=log)
+    probe = {**probe, "figures": figures, "details": details, "aio": aio or probe.get("aio", {})}
+    cache.save_probe(probe, path)
+    return probe
 
 
 def with_zero_costs(probe: dict, path: Path, log: Log) -> dict:

@@ -140,9 +140,10 @@ def alloc_conf(host, settings: Settings) -> str | None:
 
 def host_rates(host, identity: str | None, nvme_path: str | None, model, resolved: Resolved):
     """Rates for the step-time model: this host's cached probe and the cached passes at the model's shapes and the
-    workload's tokens, else described/nominal figures; and the aio settings the probe found best for the NVMe
-    folder it measured. A described host (`identity` None) reads nothing measured."""
-    from launcher.job.measuring import passes_key, rank_device, rank_threads
+    workload's tokens, else described/nominal figures; and the aio settings the probe found best for the drive of
+    the NVMe folder (its figures count only for a folder on the drive it measured). A described host (`identity`
+    None) reads nothing measured."""
+    from launcher.job.measuring import drive_probed, passes_key, rank_device, rank_threads
 
     probe = cache.load_probe(cache.probe_path(tool_cache_dir()), identity) if identity is not None else None
     passes = None
@@ -155,10 +156,11 @@ def host_rates(host, identity: str | None, nvme_path: str | None, model, resolve
             host_id=identity,
         )
         passes = cache.load_passes(tool_cache_dir(), key)
-    aio = None
-    if probe and probe["aio"] and nvme_path and probe["details"].get("nvme_path") == nvme_path:
-        aio = probe["aio"]
-    figures, details = (probe["figures"], probe["details"]) if probe else (None, None)
+    figures, details, aio = (probe["figures"], probe["details"], probe["aio"] or None) if probe else (None, None, None)
+    if probe and nvme_path and not drive_probed(probe, nvme_path):  # another drive's figures say nothing of this one
+        figures, aio = {k: v for k, v in figures.items() if not k.startswith("nvme_")}, None
+    elif not nvme_path:
+        aio = None
     return resolve_rates(host, figures, details, model.hidden_size, passes), aio
 
 

@@ -279,20 +279,38 @@ def run_probe(
     aio_section: dict = {}
     if has_gpu:
         _measure_gpu(figures, details, quick=quick, shapes=gpu_shapes, tokens=gpu_tokens, log=log)
-    nvme_bytes = 16 << 20 if quick else 512 << 20
-    if nvme_path and (shortfall := locked_buffer_shortfall(nvme_bytes)):
-        log(f"NVMe not measured: {shortfall}; plans use nominal NVMe figures")
-        details["nvme_not_measured"] = shortfall
-        details["nvme_path"] = nvme_path  # tried: a run does not probe it again (its memlock check says the same)
-    elif nvme_path:
-        log(f"NVMe through async_io in {nvme_path} ...")
-        sweep = nvme_sweep[:2] if quick else nvme_sweep
-        nvme_figures, aio_section, points = measure_nvme(nvme_path, nvme_bytes, sweep)
-        figures.update(nvme_figures)
-        details["aio_sweep"] = points
-        details["nvme_path"] = nvme_path
+    if nvme_path:
+        aio_section = measure_nvme_into(figures, details, nvme_path, quick=quick, sweep=nvme_sweep, log=log)
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return ProbeResult(host_id=host_id(), date=date, figures=figures, aio=aio_section, details=details)
+
+
+def measure_nvme_into(
+    figures: dict, details: dict, nvme_path: str, *, quick: bool, sweep: tuple, log: Callable[[str], None]
+) -> dict:
+    """The drive under `nvme_path` through async_io into `figures` and `details` (which also record the folder and
+    its mount: another folder on the same drive is not measured again); the aio section that did best."""
+    nvme_bytes = 16 << 20 if quick else 512 << 20
+    details["nvme_path"] = nvme_path  # tried: a run does not probe it again (its memlock check says the same)
+    details["nvme_mount"] = nvme_mount(nvme_path)
+    if shortfall := locked_buffer_shortfall(nvme_bytes):
+        log(f"NVMe not measured: {shortfall}; plans use nominal NVMe figures")
+        details["nvme_not_measured"] = shortfall
+        return {}
+    log(f"NVMe through async_io in {nvme_path} ...")
+    nvme_figures, aio_section, points = measure_nvme(nvme_path, nvme_bytes, sweep[:2] if quick else sweep)
+    figures.update(nvme_figures)
+    details.pop("nvme_not_measured", None)
+    details["aio_sweep"] = points
+    return aio_section
+
+
+def nvme_mount(path: str) -> str | None:
+    """The mount (its point and source device) `path` is on: what NVMe figures belong to."""
+    from launcher.inspection.host import mount_of
+
+    mount = mount_of(path)
+    return None if mount is None else f"{mount.mount_point} ({mount.source})"
 
 
 def _measure_cpu(figures: dict, details: dict, *, quick: bool, has_gpu: bool, log: Callable[[str], None]) -> None:

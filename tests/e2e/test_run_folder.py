@@ -205,7 +205,7 @@ def test_random_commands_never_touch_the_users_files_nor_repeat_a_step(tiny_mode
     OneFolder.model, OneFolder.data, OneFolder.root = tiny_model, tiny_data, tmp_path
     machine = OneFolder.TestCase
     machine.settings = settings(
-        max_examples=4,
+        max_examples=2,  # each step is a real command (most train): 2 x 6 of them, about 5 minutes on 2 cores
         stateful_step_count=6,
         derandomize=True,
         database=None,
