@@ -24,8 +24,8 @@ def kill_point(where: str, step: int, rank: int = 0) -> None:
     if rank != 0 or point != f"{where}:{step}" or who not in ("", "cli"):
         return
     pid = command_pid() if who == "cli" else os.getpid()
-    print(f"[offload-launch] {KILL_AT_ENV}={who + '@' if who else ''}{point}: killing pid {pid}", file=sys.stderr)
-    sys.stderr.flush()
+    sys.stderr.write(f"[offload-launch] {KILL_AT_ENV}={who + '@' if who else ''}{point}: killing pid {pid}\n")
+    sys.stderr.flush()  # the line is out before the kill (a process killed by its own hand flushes nothing)
     os.kill(pid, signal.SIGKILL)
 
 
