@@ -220,9 +220,11 @@ def test_7b_architecture_cut_to_one_layer(tiny_model, tiny_data, tmp_path):
             "--smoke-layers",
             "1",
             "--seq-len",
-            "16",
+            "8",
             "--micro-batch",
             "1",
+            "--steps",  # two, the fewest whose loss can fall: a step of this 464 M-parameter cut is ~40 s here
+            "2",
             "--json",
         ],
         capture_output=True,
