@@ -80,11 +80,8 @@ def probe_and_cache(
     too (~15 s)."""
     build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # it builds cpu_adam and async_io
     host = inspect_host(nvme_path)
-    if nvme_path and not host.nvme.aio_usable:
-        raise UserInputError(
-            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
-            "or libaio-devel (RHEL), then probe again"
-        )
+    if nvme_path:
+        require_aio(host)
     shapes = None
     if model and host.has_gpu:
         profile = inspect_model(model, trust_remote_code=trust_remote_code, cache_dir=tool_cache_dir())
@@ -106,6 +103,20 @@ def probe_and_cache(
     return result, path
 
 
+def require_aio(host) -> None:
+    """NVMe is measured through DeepSpeed's async_io: one line where it cannot be built (`host`: with its folder)."""
+    if not host.nvme.aio_usable:
+        raise UserInputError(
+            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
+            "or libaio-devel (RHEL), then probe again"
+        )
+
+
+def without_nvme(figures: dict) -> dict:
+    """A probe's figures less the NVMe drive's (they belong to the drive measured, not to another)."""
+    return {name: value for name, value in figures.items() if not name.startswith("nvme_")}
+
+
 def drive_probed(probe: dict, nvme_path: str) -> bool:
     """Whether `probe` measured the drive `nvme_path` is on (the folder itself, or another on the same mount)."""
     details = probe["details"]
@@ -118,14 +129,10 @@ def with_nvme(probe: dict, path: Path, nvme_path: str, log: Log) -> dict:
     """A cached probe with the drive under `nvme_path` measured now (and cached): the host's other figures are
     the machine's, not the folder's, and stay."""
     build_locks.clear_stale_locks(os.environ, remove=True, warn=log)  # it builds async_io
-    if not inspect_host(nvme_path).nvme.aio_usable:
-        raise UserInputError(
-            "DeepSpeed's async_io op is not usable here (libaio missing): install libaio-dev (Debian/Ubuntu) "
-            "or libaio-devel (RHEL), then probe again"
-        )
-    figures, details = dict(probe["figures"]), dict(probe["details"])
+    require_aio(inspect_host(nvme_path))
+    figures, details = without_nvme(probe["figures"]), dict(probe["details"])  # the other drive's go
     aio = measure_nvme_into(figures, details, nvme_path, quick=False, sweep=AIO_SWEEP[:2], log=log)
-    probe = {**probe, "figures": figures, "details": details, "aio": aio or probe.get("aio", {})}
+    probe = {**probe, "figures": figures, "details": details, "aio": aio}
     cache.save_probe(probe, path)
     return probe
 

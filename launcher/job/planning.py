@@ -143,7 +143,7 @@ def host_rates(host, identity: str | None, nvme_path: str | None, model, resolve
     workload's tokens, else described/nominal figures; and the aio settings the probe found best for the drive of
     the NVMe folder (its figures count only for a folder on the drive it measured). A described host (`identity`
     None) reads nothing measured."""
-    from launcher.job.measuring import drive_probed, passes_key, rank_device, rank_threads
+    from launcher.job.measuring import drive_probed, passes_key, rank_device, rank_threads, without_nvme
 
     probe = cache.load_probe(cache.probe_path(tool_cache_dir()), identity) if identity is not None else None
     passes = None
@@ -158,7 +158,7 @@ def host_rates(host, identity: str | None, nvme_path: str | None, model, resolve
         passes = cache.load_passes(tool_cache_dir(), key)
     figures, details, aio = (probe["figures"], probe["details"], probe["aio"] or None) if probe else (None, None, None)
     if probe and nvme_path and not drive_probed(probe, nvme_path):  # another drive's figures say nothing of this one
-        figures, aio = {k: v for k, v in figures.items() if not k.startswith("nvme_")}, None
+        figures, aio = without_nvme(figures), None
     elif not nvme_path:
         aio = None
     return resolve_rates(host, figures, details, model.hidden_size, passes), aio
