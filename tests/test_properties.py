@@ -27,8 +27,8 @@ from launcher.inspection.model import ModelProfile, inspect_model
 from launcher.measure.probe import AIO_SWEEP
 from launcher.plan.candidates import Inputs, estimate_candidate
 from launcher.plan.capacity import (
-    CPU_USABLE_FRACTION,
     GPU_USABLE_FRACTION,
+    cpu_memory_for,
     usable_cpu_bytes,
     usable_gpu_bytes,
     usable_nvme_bytes,
@@ -390,9 +390,14 @@ def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvm
             assert larger.chosen.memory.nvme_bytes <= smaller.chosen.memory.nvme_bytes
 
 
-def thresholds(plan: Plan, bytes_of, fraction: float) -> list[int]:
-    """The capacities at which each candidate starts or stops fitting on one tier: where the sweeps turn."""
-    return [math.ceil(bytes_of(c) / fraction) + d for c in plan.candidates for d in (0, 1)]
+def thresholds(plan: Plan, bytes_of, capacity_for) -> list[int]:
+    """The capacities at which each candidate starts or stops fitting on one tier (`capacity_for`: the least
+    capacity that holds a need): where the sweeps turn."""
+    return [capacity_for(bytes_of(c)) + d for c in plan.candidates for d in (0, 1)]
+
+
+def gpu_memory_for(need: int) -> int:
+    return math.ceil(need / GPU_USABLE_FRACTION)
 
 
 @deterministic(300)
@@ -407,7 +412,7 @@ def test_more_gpu_memory_never_forces_more_offload(scenario, drawn):
     Llama-2-7B on 4 nodes of one 8 GiB A100 doing so), so the parameters move out as the optimizer comes back."""
     model, host, workload = scenario
     base = make_plan(model, host, workload, resolve_rates(host))
-    sweep = drawn + thresholds(base, lambda c: c.memory.gpu_bytes_per_device, GPU_USABLE_FRACTION)
+    sweep = drawn + thresholds(base, lambda c: c.memory.gpu_bytes_per_device, gpu_memory_for)
     values = sorted({v for v in sweep if 8 * GiB <= v <= 141 * GiB})
     plans = [
         make_plan(model, (h := replace(host, gpus=replace(host.gpus, memory_bytes=v))), workload, resolve_rates(h))
@@ -429,7 +434,7 @@ def test_more_cpu_ram_never_forces_a_slower_plan(scenario, drawn):
     once its states fit there (the sweep found Llama-3.1-8B on 3 A100s so)."""
     model, host, workload = scenario
     base = make_plan(model, host, workload, resolve_rates(host))
-    sweep = drawn + thresholds(base, lambda c: c.memory.cpu_bytes, CPU_USABLE_FRACTION)
+    sweep = drawn + thresholds(base, lambda c: c.memory.cpu_bytes, lambda need: cpu_memory_for(need, host))
     values = sorted({v for v in sweep if 8 * GiB <= v <= 2 * TiB})
     plans = [
         make_plan(
@@ -449,13 +454,13 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
     twice, written once per step) where opt->nvme swaps 16 B/param of optimizer state both ways, so it is
     predicted faster. The parameters go to a slower tier because the optimizer comes back from it: the
     planner doing its job, not a bug. The RAM is one byte under that candidate's threshold in the sweep
-    (thresholds(): its 131.2 GiB of CPU RAM / CPU_USABLE_FRACTION, the 16-bit gradient partition ZeRO-3 keeps
+    (thresholds(): the RAM whose usable part holds its peak, the 16-bit gradient partition ZeRO-3 keeps
     on the CPU included); the NVMe drive is too small for opt->nvme + param->nvme."""
     host = HostProfile(
         source="counterexample.yaml",
         gpus=GpuSpec(count=0, memory_bytes=0, name="none"),
-        cpu_memory_bytes=165_737_867_383,
-        cpu_memory_available_bytes=165_737_867_383,
+        cpu_memory_bytes=145_103_164_184,
+        cpu_memory_available_bytes=145_103_164_184,
         cpu_cores=1,
         nvme=NvmeSpec("/local_nvme/offload", 113_489_105_112),
     )
@@ -471,8 +476,8 @@ def test_more_ram_can_trade_an_optimizer_swap_for_a_parameter_swap():
     assert tight.chosen.strategy.label == "ZeRO-3 + opt->nvme"
     assert roomier.chosen.strategy.label == "ZeRO-3 + opt->cpu + param->nvme"
     # `more` is the sweep's own threshold for the candidate, from the model: not a constant tuned to pass
-    assert more in thresholds(tight, lambda c: c.memory.cpu_bytes, CPU_USABLE_FRACTION)
-    assert more == math.ceil(roomier.chosen.memory.cpu_bytes / CPU_USABLE_FRACTION)
+    assert more in thresholds(tight, lambda c: c.memory.cpu_bytes, lambda need: cpu_memory_for(need, host))
+    assert more == cpu_memory_for(roomier.chosen.memory.cpu_bytes, host)
     both_swap = next(c for c in tight.candidates if c.strategy.label == "ZeRO-3 + opt->nvme + param->nvme")
     assert any(p.startswith("NVMe needs") for p in both_swap.problems)
     assert roomier.chosen.timing.step_seconds < tight.chosen.timing.step_seconds

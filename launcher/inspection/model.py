@@ -69,6 +69,9 @@ class ModelProfile:
     # heads x head_dim where that differs from hidden_size (T5-11B: 128 x 128 = 16,384 against d_model 1,024): the
     # width the attention scores are computed at (timing [Narayanan], memory [Korth]); 0: hidden_size
     attention_width: int = 0
+    # the checkpoint's dtype as its config.json states it ("bfloat16", "float32", ...; "" when it does not say):
+    # loaded in another dtype, every rank holds a converted copy (plan/peaks.py [HF-load])
+    weights_dtype: str = ""
 
     @property
     def encoder_layers(self) -> int:
@@ -111,6 +114,7 @@ class ModelProfile:
             "kind": self.kind,
             "cross_attention_layers": self.cross_attention_layers,
             "attention_dim": self.attention_dim,
+            "weights_dtype": self.weights_dtype,
         }
 
 
@@ -318,4 +322,10 @@ def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) ->
         kind=kind,
         cross_attention_layers=cross_attention_layers,
         attention_width=heads * head_dim if heads * head_dim != hidden else 0,
+        weights_dtype=_dtype_name(getattr(config, "dtype", None)),  # transformers reads a "torch_dtype" key as dtype
     )
+
+
+def _dtype_name(dtype) -> str:
+    """ "bfloat16" for torch.bfloat16 or "bfloat16" (a config's dtype, as transformers reads it); "" for none."""
+    return str(dtype).removeprefix("torch.") if dtype else ""

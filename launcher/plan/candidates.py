@@ -12,13 +12,13 @@ from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
 from launcher.plan import host_buffers, memory, subgroups, timing
 from launcher.plan.calibration import calibrate
-from launcher.plan.capacity import fit_problems, model_shape, size_buckets
+from launcher.plan.capacity import fit_problems, model_shape, size_buckets, usable_gpu_bytes
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.rates import Rates
 from launcher.plan.shapes import Shape
 from launcher.plan.strategy import Buckets, Strategy
 from launcher.plan.timing import StepEstimate
-from launcher.plan.workload import Workload
+from launcher.plan.workload import Workload, training_precision
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
         ),
         grad_accum=grad_accum,
         cuda_context_bytes=inputs.rates.cuda_context_bytes,
+        gpu_room=usable_gpu_bytes(host) if host.has_gpu else None,
+        weights_copied=weights_copied(model, training_precision(workload.precision, host)),
     )
     # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
     gpu_share = subgroups.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0
@@ -145,6 +147,19 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
     )
     step = calibrate(step, (inputs.calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)
+
+
+# the precisions a run trains in, as a config.json states a checkpoint's dtype
+TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def weights_copied(model: ModelProfile, precision: str) -> bool:
+    """Whether loading the model leaves an anonymous copy of its weights on every rank (peaks.py [HF-load]): no
+    weights to map (initialised: a local folder with a config alone), or a checkpoint in another dtype, or one whose
+    config does not say."""
+    if model.source == "local" and not model.has_weights:
+        return True
+    return model.weights_dtype != TRAINING_DTYPES.get(precision)
 
 
 def pins_host_memory(strategy: Strategy, host: HostProfile) -> bool:

@@ -6,6 +6,9 @@ Pure, like the planner that uses it: same (model, host, strategy) in, same numbe
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
 from launcher.plan.memory import MemoryEstimate, zero3_live_parameter_limit
@@ -35,7 +38,18 @@ SWAP_BUFFER_RAM_FRACTION = 0.10  # at most this share of a node's RAM for the op
 # a 7B partition has 7 sub-groups: steps of 14 %). Each sub-group is one optimizer.step() call: 20 cost nothing.
 PARTIAL_OFFLOAD_SUB_GROUPS = 20
 GPU_USABLE_FRACTION = 0.90  # allocator fragmentation headroom on the GPU
-CPU_USABLE_FRACTION = 0.85  # leave the OS, page cache and data loader room
+# Host RAM a run cannot use, beside what its ranks hold (the ranks' own processes are memory.py's baseline term):
+# - the processes beside the ranks for the whole run: the offload-launch command (343 MiB RSS), DeepSpeed's runner
+#   (245 MiB) and its per-node launch.py (245 MiB), the supervisor (11 MiB): 844 MiB measured here during a run;
+# - on a live host, nothing else: MemAvailable (/proc/meminfo, read by inspection/host.py) is the kernel's own
+#   estimate of what new work can take without swapping, net of its reserves and of page cache it cannot drop
+#   (Documentation/filesystems/proc.rst);
+# - on a described host, whose figure is the installed RAM: the kernel's page-frame array, one 64-byte struct page
+#   per 4 KiB page (Documentation/mm/memory-model.rst; 1/64 of RAM), and an allowance of 1 GiB for the kernel's slab
+#   and page tables and an idle server's daemons (stated, not measured: a live host measures it).
+SIDE_PROCESSES_BYTES = 844 * 2**20
+MEMMAP_SHARE = 1 / 64
+DESCRIBED_OS_BYTES = 2**30
 NVME_USABLE_FRACTION = 0.95
 
 
@@ -47,7 +61,23 @@ def usable_gpu_bytes(host: HostProfile) -> int:
 
 
 def usable_cpu_bytes(host: HostProfile) -> int:
-    return int(min(host.cpu_memory_available_bytes, host.cpu_memory_bytes) * CPU_USABLE_FRACTION)
+    """Host RAM per node a run's peak may reach: what the kernel says is available (live), or the installed RAM less
+    the kernel's and the OS's share (described), less the processes beside the ranks."""
+    if host.source == "live":
+        free = min(host.cpu_memory_available_bytes, host.cpu_memory_bytes)
+    else:
+        free = int(host.cpu_memory_bytes * (1 - MEMMAP_SHARE)) - DESCRIBED_OS_BYTES
+    return max(0, free - SIDE_PROCESSES_BYTES)
+
+
+def cpu_memory_for(need: int, host: HostProfile) -> int:
+    """The least RAM per node (installed, or available on a live host) whose usable_cpu_bytes holds `need`."""
+    if host.source == "live":
+        return need + SIDE_PROCESSES_BYTES
+    installed = math.ceil((need + SIDE_PROCESSES_BYTES + DESCRIBED_OS_BYTES) / (1 - MEMMAP_SHARE))
+    while usable_cpu_bytes(replace(host, cpu_memory_bytes=installed - 1)) >= need:  # int() rounding: at most a step
+        installed -= 1
+    return installed
 
 
 def usable_nvme_bytes(host: HostProfile) -> int:
@@ -62,7 +92,10 @@ def fit_problems(strategy: Strategy, estimate: MemoryEstimate, host: HostProfile
             f"{fmt_bytes(usable_gpu_bytes(host))} usable"
         )
     if estimate.cpu_bytes > usable_cpu_bytes(host):
-        problems.append(f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} > {fmt_bytes(usable_cpu_bytes(host))} usable")
+        problems.append(
+            f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} at the {estimate.cpu_peak_moment} > "
+            f"{fmt_bytes(usable_cpu_bytes(host))} usable"
+        )
     if "nvme" in (strategy.offload_optimizer, strategy.offload_param):
         if host.nvme is None:
             problems.append("no NVMe: pass --nvme-path DIR")

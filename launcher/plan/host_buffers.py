@@ -44,6 +44,14 @@ Sources:
             way. The PYTORCH_ALLOC_CONF keys `pinned_max_round_threshold_mb` / `pinned_max_cached_size_mb`
             (in torch 2.13's libc10, not in older releases, where an unknown key is an error) turn it off
             above a size; see PINNED_ALLOC_CONF.
+  [DS-init-pin] With offload_param on the CPU, zero.Init pins each parameter's partition as its own allocation
+            (partition_parameters.py `_partition_param`: `torch.empty(partition_size, ..., device=cpu)`, then
+            `get_accelerator().pin_memory(...)` when offload_param.pin_memory); stage3.py then copies every partition
+            into the flat 16-bit buffer (`_create_param_groups_fp16_flat_cpu_memory`, `_move_to_flat_buffer`) and
+            drops the per-parameter tensors. torch's caching host allocator keeps a dropped block cached for reuse
+            (CachingHostAllocator.h `free` -> the free list of its power-of-two size; returned to the system only by
+            `torch._C._host_emptyCache()`, which DeepSpeed never calls), and no later allocation has those sizes: the
+            blocks stay resident for the whole run beside the flat buffer.
   [act-offload] torch.autograd.graph.save_on_cpu(pin_memory=True) (torch/autograd/graph.py): every tensor autograd
             saves in the forward is copied into a new pinned CPU tensor (`pack_to_cpu`: torch.empty(..., pin_memory)
             + copy_) and copied back in the backward (`unpack_from_cpu`: .to(device, non_blocking)). With activation
@@ -78,6 +86,7 @@ from launcher.plan.strategy import BYTES_16BIT, BYTES_FP32, Buckets, Strategy
 from launcher.plan.subgroups import optimizer_subgroup_numel, split_subgroups
 from launcher.units import GiB
 
+FIRST_STEP_MOMENTS = "first step's new Adam moments (unpinned)"  # [DS-lazy]: from the first step to the next
 ZENFLOW_TOPK_RATIO = 0.1  # [ZenFlow] DeepSpeed's default topk_ratio, which the tool writes
 # Resident set of one rank before model states: python + torch + deepspeed + transformers + data. Measured
 # here on the CPU accelerator: 0.43-0.57 GiB peak RSS per rank for 0.1-4 M parameter models (make bench).
@@ -224,6 +233,18 @@ def pinned_host_terms(
     return terms
 
 
+def init_partition_cache_bytes(
+    shape: ModelShape, persistence_threshold: int, *, world: int, round_limit: int | None
+) -> int:
+    """[DS-init-pin] the pinned blocks zero.Init's per-parameter partitions leave in torch's host allocator cache: one
+    per partitioned tensor (above the persistence threshold), b·ceil(n/N) each, rounded; with `round_limit` set
+    (PINNED_ALLOC_CONF) a block above it is neither rounded nor cached, so it is returned when it is dropped."""
+    blocks = (
+        pinned_bytes(BYTES_16BIT * -(-k // world), round_limit) for k in shape.param_numels if k > persistence_threshold
+    )
+    return sum(b for b in blocks if round_limit is None or b <= round_limit)
+
+
 # ------------------------------------------------------------------------------------- swap buffers
 
 
@@ -253,7 +274,7 @@ def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *
             )
             # [DS-lazy] the first step's moments, unpinned: the whole partition's when pipelined, else a sub-group's
             held = -(-p // world) if buckets.pipeline else subgroup
-            terms["first step's new Adam moments (unpinned)"] = 2 * strategy.state_bytes * held
+            terms[FIRST_STEP_MOMENTS] = 2 * strategy.state_bytes * held
         else:
             terms["sub-group gradient buffer"] = subgroup * strategy.state_bytes
     if strategy.offload_param == "nvme":
@@ -351,6 +372,10 @@ def offload_host_terms(
         round_limit=round_limit,
         grad_accum=grad_accum,
     )
+    if strategy.zero_stage >= 3 and strategy.offload_param == "cpu" and has_gpu and pin_memory:
+        terms["zero.Init partitions (cached pinned blocks)"] = init_partition_cache_bytes(
+            shape, buckets.param_persistence_threshold, world=world, round_limit=round_limit
+        )
     if strategy.super_offload:
         terms |= super_offload_host_terms()
     if strategy.zenflow_interval:

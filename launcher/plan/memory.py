@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.plan import peaks
 from launcher.plan.host_buffers import (
     PROCESS_BASELINE_BYTES_CPU,
     PROCESS_BASELINE_BYTES_CUDA,
@@ -75,19 +76,37 @@ CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context + cuBLAS/NCCL workspaces, measured 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per tier, term by term, so a table can show where the memory goes."""
+    """Bytes per tier, term by term, so a table can show where the memory goes: the terms are the steady state (from
+    the first optimizer step on); the moments (peaks.py) are each tier's total at every moment of a run, and what a
+    tier needs is their peak."""
 
     gpu_terms: dict[str, int] = field(default_factory=dict)  # per device (GPU, or rank on CPU accelerator)
     cpu_terms: dict[str, int] = field(default_factory=dict)  # per node
     nvme_terms: dict[str, int] = field(default_factory=dict)  # per node
+    cpu_moments: dict[str, int] = field(default_factory=dict)  # per node, by peaks.MOMENTS; {}: the steady state
+    gpu_moments: dict[str, int] = field(default_factory=dict)  # per device, by peaks.MOMENTS; {}: the steady state
 
     @property
     def gpu_bytes_per_device(self) -> int:
-        return sum(self.gpu_terms.values())
+        """At the peak moment."""
+        return max(self.gpu_moments.values(), default=sum(self.gpu_terms.values()))
 
     @property
     def cpu_bytes(self) -> int:
+        """At the peak moment."""
+        return max(self.cpu_moments.values(), default=self.steady_cpu_bytes)
+
+    @property
+    def steady_cpu_bytes(self) -> int:
         return sum(self.cpu_terms.values())
+
+    @property
+    def cpu_peak_moment(self) -> str:
+        return peaks.peak(self.cpu_moments)[0] if self.cpu_moments else peaks.STEP
+
+    @property
+    def gpu_peak_moment(self) -> str:
+        return peaks.peak(self.gpu_moments)[0] if self.gpu_moments else peaks.STEP
 
     @property
     def nvme_bytes(self) -> int:
@@ -98,6 +117,10 @@ class MemoryEstimate:
             "gpu_bytes_per_device": self.gpu_bytes_per_device,
             "cpu_bytes": self.cpu_bytes,
             "nvme_bytes": self.nvme_bytes,
+            "gpu_peak_moment": self.gpu_peak_moment,
+            "cpu_peak_moment": self.cpu_peak_moment,
+            "gpu_moments": dict(self.gpu_moments),
+            "cpu_moments": dict(self.cpu_moments),
             "gpu_terms": dict(self.gpu_terms),
             "cpu_terms": dict(self.cpu_terms),
             "nvme_terms": dict(self.nvme_terms),
@@ -284,30 +307,22 @@ def _per_node(
     cpu_per_rank: dict[str, int],
     nvme_per_rank: dict[str, int],
     *,
-    strategy: Strategy,
-    params: int,
     ranks_per_node: int,
     has_gpu: bool,
-) -> MemoryEstimate:
-    """The estimate with the host tiers summed over a node's ranks, each rank's process baseline, the device memory
-    of DeepSpeed's CPU accelerator, and the transient whole-model load without ZeRO-3."""
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(CPU, NVMe) terms per node: the per-rank terms summed over a node's ranks, each rank's process baseline, and
+    the device memory of DeepSpeed's CPU accelerator."""
     r = ranks_per_node
     cpu = {name: value * r for name, value in cpu_per_rank.items()}
-    baseline = PROCESS_BASELINE_BYTES_CUDA if has_gpu else PROCESS_BASELINE_BYTES_CPU
-    cpu["process baseline"] = baseline * r
+    cpu["process baseline"] = process_baseline(has_gpu) * r
     if not has_gpu:
         # DeepSpeed's CPU accelerator: "device" memory is this node's RAM.
         cpu["device memory (CPU accelerator)"] = sum(gpu.values()) * r
-    if strategy.zero_stage < 3:
-        # Without ZeRO-3's partitioned loading (zero.Init) every rank first materialises the whole 16-bit
-        # model in CPU RAM in from_pretrained; it moves to the device before the optimizer states exist,
-        # so the peak is max(load, steady state). Only the excess over the steady state is added.
-        load = (BYTES_16BIT * params + baseline) * r
-        excess = load - sum(cpu.values())
-        if excess > 0:
-            cpu["model load peak (transient)"] = excess
-    nvme = {name: value * r for name, value in nvme_per_rank.items()}
-    return MemoryEstimate(gpu_terms=gpu, cpu_terms=cpu, nvme_terms=nvme)
+    return cpu, {name: value * r for name, value in nvme_per_rank.items()}
+
+
+def process_baseline(has_gpu: bool) -> int:
+    return PROCESS_BASELINE_BYTES_CUDA if has_gpu else PROCESS_BASELINE_BYTES_CPU
 
 
 def estimate(
@@ -325,12 +340,15 @@ def estimate(
     pinned_round_limit: int | None = None,
     grad_accum: int = 1,
     cuda_context_bytes: int | None = None,
+    gpu_room: int | None = None,
+    weights_copied: bool = True,
 ) -> MemoryEstimate:
     """Bytes per tier for one strategy. `pin_memory`: the ds_config's offload_*.pin_memory (the planner's
     default, True, is the conservative side); `pinned_round_limit`: PINNED_ROUND_LIMIT_BYTES when the ranks
     run with PINNED_ALLOC_CONF, None for torch's default rounding (both host_buffers.py); `grad_accum`: gradient
     accumulation steps (ZeRO-1/2 CPU offload pins per-param accumulation buffers when > 1); `cuda_context_bytes`:
-    the probe's (Rates.cuda_context_bytes), None for CUDA_CONTEXT_BYTES."""
+    the probe's (Rates.cuda_context_bytes), None for CUDA_CONTEXT_BYTES; `gpu_room`, `weights_copied`: the moments'
+    (peaks.host_moments)."""
     workload = {"seq_len": seq_len, "micro_batch": micro_batch, "checkpointing": checkpointing, "has_gpu": has_gpu}
     gpu, cpu_per_rank, nvme_per_rank = _states_by_tier(shape, strategy, buckets, world)
     gpu |= _device_terms(shape, strategy, buckets, world=world, **workload)
@@ -346,12 +364,18 @@ def estimate(
         grad_accum=grad_accum,
         **workload,
     )
-    return _per_node(
+    cpu, nvme = _per_node(gpu, cpu_per_rank, nvme_per_rank, ranks_per_node=ranks_per_node, has_gpu=has_gpu)
+    cpu_moments = peaks.host_moments(
+        shape,
+        strategy,
+        cpu,
         gpu,
-        cpu_per_rank,
-        nvme_per_rank,
-        strategy=strategy,
-        params=shape.params,
+        world=world,
         ranks_per_node=ranks_per_node,
         has_gpu=has_gpu,
+        baseline=process_baseline(has_gpu),
+        gpu_room=gpu_room,
+        weights_copied=weights_copied,
     )
+    gpu_moments = peaks.device_moments(sum(gpu.values()))
+    return MemoryEstimate(gpu, cpu, nvme, cpu_moments, gpu_moments)

@@ -113,7 +113,7 @@ def resolve(workload: Workload, model: ModelProfile, host: HostProfile) -> Resol
     them; a UserInputError names the flag to change."""
     if "nvme" in (workload.offload_optimizer, workload.offload_param) and host.nvme is None:
         raise UserInputError("NVMe offload needs --nvme-path DIR (a folder on a fast local NVMe drive)")
-    precision = _precision(workload.precision, host)
+    precision = training_precision(workload.precision, host)
     workload = dataclasses.replace(workload, seq_len=_seq_len(workload, model))
     ranks = _ranks(workload, host)
     if workload.optimizer_states == "bf16" and precision != "bf16":
@@ -125,7 +125,7 @@ def resolve(workload: Workload, model: ModelProfile, host: HostProfile) -> Resol
     return Resolved(workload, precision, ranks, host.nodes)
 
 
-def _precision(requested: str, host: HostProfile) -> str:
+def training_precision(requested: str, host: HostProfile) -> str:
     if requested == "auto":
         return "bf16" if (not host.has_gpu or host.gpus.bf16) else "fp16"
     if requested == "bf16" and host.has_gpu and not host.gpus.bf16:

@@ -10,6 +10,17 @@ from pathlib import Path
 FINAL_DIR = "final"
 
 
+def drop_optimizer_state(engine) -> None:
+    """Free Adam's moments before the export gathers the model (plan/peaks.py [DS-export]): the last step's checkpoint
+    holds them, and nothing steps again, so the export's copy of the weights takes their room instead of adding to
+    the run's peak. DeepSpeed's ZeRO optimizers wrap the one that keeps them (`.optimizer`, a torch Optimizer whose
+    `state` maps each parameter to its exp_avg and exp_avg_sq)."""
+    optimizer = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    state = getattr(optimizer, "state", None)
+    if state is not None:
+        state.clear()
+
+
 def export_final(engine, tokenizer, out: Path, rank: int, zero3: bool) -> Path:
     """OUT/final: weights consolidated from the ZeRO shards, saved with save_pretrained, plus the
     tokenizer. Collective: every rank calls it; rank 0 writes OUT/final.tmp, then replaces OUT/final with it."""

@@ -26,7 +26,7 @@ from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec, node_rank
 from launcher.measure.passes import enable_recompute
 from launcher.rank.checkpoints import CheckpointStore, trim_metrics
-from launcher.rank.export import export_final
+from launcher.rank.export import drop_optimizer_state, export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
 from launcher.rank.progress import (
     GpuPeaks,
@@ -280,6 +280,7 @@ class Trainer:
             trim_metrics(metrics_path, first_step - 1)
         metrics = Metrics(metrics_path, enabled=self.rank == 0)
         self._train(first_step, metrics)
+        drop_optimizer_state(self.engine)  # the last step saved a checkpoint: resuming needs nothing in memory
         export_final(self.engine, self.tokenizer, self.spec.out, self.rank, self.planned_placement()[0] == 3)
         nvme_bytes = folder_bytes(self.spec.nvme_swap_dir)
         self.remove_swap_files()

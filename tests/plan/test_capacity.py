@@ -35,13 +35,13 @@ def test_param_buffer_holds_the_largest_swapped_partition():
 
 def test_sub_group_size_sized_to_the_host(write_host):
     # 13B, not 70B: ZeRO-3 keeps the 16-bit gradient partition on the CPU with the optimizer on NVMe too
-    # (stage3.py grad_partitions_flat_buffer), 2 B/param pinned - 70B's no longer fits one rank in 64 GiB.
-    small = "gpus: {count: 1, memory: 80GiB}\ncpu_memory: 64GiB\nnvme: {path: /n, free: 4TB}\n"
+    # (stage3.py grad_partitions_flat_buffer), 2 B/param pinned; its export gathers 26 GB on rank 0 (peaks.py).
+    small = "gpus: {count: 1, memory: 80GiB}\ncpu_memory: 80GiB\nnvme: {path: /n, free: 4TB}\n"
     model = inspect_model("meta-llama/Llama-2-13b-hf")
     plan = plan_for(model, small, write_host, zero_stage="3", offload_optimizer="nvme", offload_param="nvme")
     buckets = plan.chosen.buckets
     assert isinstance(buckets.sub_group_size, int) and buckets.sub_group_size < 10**9
-    assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 64 * 2**30
+    assert plan.chosen.memory.cpu_terms["optimizer swap buffers (pinned)"] <= 0.11 * 80 * 2**30
 
 
 def test_zero3_live_parameters_are_sized_per_plan_and_written_as_counted(llama70b):
