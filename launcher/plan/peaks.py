@@ -118,6 +118,7 @@ def device_moments(steady: int) -> dict[str, int]:
 
 
 def peak(moments: dict[str, int]) -> tuple[str, int]:
-    """(the moment, its bytes) where `moments` peak; the earliest moment on a tie."""
-    moment = max(MOMENTS, key=lambda m: (moments.get(m, 0), -MOMENTS.index(m)))
+    """(the moment, its bytes) where `moments` peak; on a tie the optimizer step (the steady state a transient only
+    equals), else the earliest."""
+    moment = max(MOMENTS, key=lambda m: (moments.get(m, 0), m == STEP, -MOMENTS.index(m)))
     return moment, moments.get(moment, 0)

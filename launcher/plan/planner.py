@@ -352,6 +352,6 @@ def pinned_bytes_per_rank(candidate: Candidate, ranks: int) -> int:
     per_node = sum(
         v
         for k, v in candidate.memory.cpu_terms.items()
-        if k not in ("process baseline", "model load peak (transient)", "device memory (CPU accelerator)")
+        if k not in ("process baseline", "device memory (CPU accelerator)")
     )
     return per_node // ranks

@@ -32,14 +32,23 @@ RATIO_KEYS = (
 
 
 def peak_rss_bytes() -> int:
-    """This rank's peak resident set, plus what its live child processes hold now: ZenFlow's optimizer worker is
-    a child (deepspeed/runtime/zenflow/zenflow_utils.py `start_optimizer_process`) that holds Adam's state."""
+    """This rank's peak resident set, plus its live child processes' peaks: ZenFlow's optimizer worker is a child
+    (deepspeed/runtime/zenflow/zenflow_utils.py `start_optimizer_process`) that holds Adam's state."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     children = 0
     for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            children += child.memory_info().rss
+        with contextlib.suppress(psutil.Error, OSError, ValueError):
+            children += _high_water_mark(child)
     return own + children
+
+
+def _high_water_mark(process: psutil.Process) -> int:
+    """A live process's peak resident set: VmHWM in /proc/PID/status (proc(5)), else its resident set now."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return process.memory_info().rss
 
 
 def node_count(world: int, environ: Mapping[str, str]) -> int:

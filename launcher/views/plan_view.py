@@ -115,7 +115,18 @@ def memory_lines(plan: Plan) -> list[str]:
         if terms:
             parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in terms.items() if v)
             lines.append(f"    {tier:<5}{parts}")
+    lines.append("  " + peak_line(plan.chosen.memory, plan.host.has_gpu))
     return lines
+
+
+def peak_line(memory, has_gpu: bool) -> str:
+    """The tiers' peaks and their moments (plan/peaks.py), and the host RAM at each moment: the terms above are
+    the steady state, from the first optimizer step on."""
+    parts = [f"CPU {fmt_bytes(memory.cpu_bytes)} at the {memory.cpu_peak_moment}"]
+    if has_gpu:
+        parts.insert(0, f"GPU {fmt_bytes(memory.gpu_bytes_per_device)} at the {memory.gpu_peak_moment}")
+    moments = ", ".join(f"{moment} {fmt_bytes(value)}" for moment, value in memory.cpu_moments.items())
+    return f"peak: {'; '.join(parts)} (CPU by moment: {moments})"
 
 
 def step_parts(plan: Plan) -> tuple[tuple[str, float, int | None, str], ...]:

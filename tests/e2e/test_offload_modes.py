@@ -74,9 +74,9 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
     updates = [m["update"] for m in read_metrics(out)]
     boundaries, others = updates[2::3], [u for i, u in enumerate(updates) if i % 3 != 2]
     assert min(boundaries[1:]) > 3 * max(others), updates
-    # the optimizer process's memory is measured (a child of the rank) and predicted (host_buffers.py [ZenFlow])
-    # (without the child's RSS the ratio falls to ~0.5: its 0.5 GiB baseline and moments are predicted, not measured)
-    assert 0.65 < run["ratios"]["cpu_bytes_per_node"] < 1.35, run["ratios"]
+    # the optimizer process's memory is measured (a child of the rank: its peak, VmHWM) and predicted
+    # (host_buffers.py [ZenFlow]); without the child the ratio falls to ~0.5, its 0.5 GiB baseline and moments
+    # predicted, not measured: check_run's band holds only with both
 
 
 def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
