@@ -160,6 +160,34 @@ def pins_from_config(config: dict) -> dict:
     return pins
 
 
+# The ds_config keys whose values size buffers the memory model counts (plan/strategy.Buckets' fields): a user's
+# ds_config that sets them is estimated with its own values, which the merge keeps over the plan's.
+BUCKET_KEYS = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "sub_group_size": "sub_group_size",
+}
+
+
+def bucket_pins(config: dict) -> dict:
+    """The buffer sizes a user's ds_config sets (zero_optimization's BUCKET_KEYS and overlap_comm), as Buckets'
+    fields and as DeepSpeed reads them (5e8 is 500000000); "auto" and absent keys pin nothing."""
+    config, _ = as_deepspeed_reads(config)
+    zero = _dict(config.get("zero_optimization"))
+    pins: dict = {}
+    for key, field in BUCKET_KEYS.items():
+        value = _int(zero.get(key))
+        if value is not None and value > 0:
+            pins[field] = value
+    if isinstance(zero.get("overlap_comm"), bool):
+        pins["overlap_comm"] = zero["overlap_comm"]
+    return pins
+
+
 def apply_user_config(user: dict, generated: dict, plan: Plan) -> tuple[dict, list[Finding]]:
     """--ds-config: the user's config merged over the generated one (see merge_user_config; an absent
     optimizer or scheduler section is taken from the plan, as the HF Trainer creates its own), linted against

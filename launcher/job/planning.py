@@ -65,11 +65,29 @@ def build_plan(settings: Settings, *, after_measuring: bool = False) -> Plan:
     if asked.zenflow:
         features.require("zenflow", deepspeed, "--zenflow")
     plan = make_plan(
-        model, host, asked, rates, aio, alloc_conf(host, settings), calibration, deepspeed_version=deepspeed
+        model,
+        host,
+        asked,
+        rates,
+        aio,
+        alloc_conf(host, settings),
+        calibration,
+        deepspeed_version=deepspeed,
+        buckets=user_buckets(settings),
     )
     if host.source == "live" and not after_measuring and (note := nominal_note(host, rates)):
         plan = replace(plan, warnings=(*plan.warnings, note))
     return plan
+
+
+def user_buckets(settings: Settings) -> dict | None:
+    """The buffer sizes the user's --ds-config sets (config/merge.bucket_pins), which DeepSpeed will run with."""
+    if not settings.ds_config:
+        return None
+    from launcher.config.final import read_user_config
+    from launcher.config.merge import bucket_pins
+
+    return bucket_pins(read_user_config(settings.ds_config).config) or None
 
 
 def planned_host(settings: Settings):

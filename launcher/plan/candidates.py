@@ -42,6 +42,8 @@ class Inputs:
     """The ranks' PYTORCH_ALLOC_CONF (Plan.alloc_conf), which decides how torch rounds the pinned buffers."""
     calibration: dict | None = None
     """Strategy label -> calibration.Factors from finished runs on this host (None: first principles only)."""
+    buckets: dict | None = None
+    """The buffer sizes a user's ds_config sets (config/merge.bucket_pins): the candidates are sized with them."""
 
     def uncalibrated(self, workload: Workload | None = None) -> Inputs:
         """The same inputs without calibration (what a hint or advice compares), optionally for another
@@ -100,10 +102,12 @@ def estimate_candidate(
     not)."""
     model, host, world, ranks = inputs.model, inputs.host, inputs.world, inputs.ranks
     args = (inputs, strategy, micro_batch or inputs.workload.micro_batch, grad_accum or inputs.workload.grad_accum)
-    pipelined = _estimate(*args, size_buckets(model, host, strategy, world, ranks))
+    pipelined = _estimate(*args, size_buckets(model, host, strategy, world, ranks, pinned=inputs.buckets))
     if not pipelined.buckets.pipeline:
         return pipelined
-    serial = _estimate(*args, size_buckets(model, host, strategy, world, ranks, nvme_pipeline=False))
+    serial = _estimate(
+        *args, size_buckets(model, host, strategy, world, ranks, nvme_pipeline=False, pinned=inputs.buckets)
+    )
     faster = pipelined.timing.expected_seconds < serial.timing.expected_seconds
     return pipelined if pipelined.fits and (faster or not serial.fits) else serial
 

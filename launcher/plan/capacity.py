@@ -117,10 +117,24 @@ def aligned_partition_numel(numel: int, world: int) -> int:
 
 
 def size_buckets(
-    model: ModelProfile, host: HostProfile, strategy: Strategy, world: int, ranks: int, *, nvme_pipeline: bool = True
+    model: ModelProfile,
+    host: HostProfile,
+    strategy: Strategy,
+    world: int,
+    ranks: int,
+    *,
+    nvme_pipeline: bool = True,
+    pinned: dict | None = None,
 ) -> Buckets:
     """Integer bucket sizes from the hidden size, by Hugging Face's "auto" conventions
-    (transformers integrations/deepspeed.py: reduce = h², prefetch = 0.9·h², persistence = 10·h)."""
+    (transformers integrations/deepspeed.py: reduce = h², prefetch = 0.9·h², persistence = 10·h); `pinned`: the
+    sizes a user's ds_config sets (config/merge.bucket_pins), which DeepSpeed will use instead."""
+    return replace(_sized_buckets(model, host, strategy, world, ranks, nvme_pipeline=nvme_pipeline), **(pinned or {}))
+
+
+def _sized_buckets(
+    model: ModelProfile, host: HostProfile, strategy: Strategy, world: int, ranks: int, *, nvme_pipeline: bool
+) -> Buckets:
     h = model.hidden_size
     sub_group = DEFAULT_SUB_GROUP_SIZE
     buffer_count, pipeline = OPTIMIZER_BUFFER_COUNT, False

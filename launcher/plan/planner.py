@@ -158,17 +158,19 @@ def make_plan(
     alloc_conf: str | None = None,
     calibration: dict | None = None,
     deepspeed_version: tuple[int, int, int] | None = None,
+    buckets: dict | None = None,
 ) -> Plan:
     """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
     framework's order). `rates`: the host's (job/planning.py: measured, described or nominal figures); `alloc_conf`
     is the PYTORCH_ALLOC_CONF the ranks will get (host_buffers.pinned_alloc_conf decides it; None: torch's defaults);
     `calibration` (strategy label -> calibration.Factors): finished runs on this host, whose measured phases
     scale the candidates of their strategy (the first-principles figures stay beside them); `deepspeed_version`:
-    the installed DeepSpeed's, which gates the newer modes (features.py; None: all of them)."""
+    the installed DeepSpeed's, which gates the newer modes (features.py; None: all of them); `buckets`: the buffer
+    sizes a user's ds_config sets (config/merge.bucket_pins), which the candidates are sized with."""
     resolved = resolve(workload, model, host)
     ranks = resolved.ranks_per_node
     linked = network.with_links(rates, host, ranks)  # the collectives' links (plan/network.py)
-    inputs = Inputs(model, host, resolved.workload, linked, resolved.world, ranks, alloc_conf, calibration)
+    inputs = Inputs(model, host, resolved.workload, linked, resolved.world, ranks, alloc_conf, calibration, buckets)
     candidates = _candidates(inputs, deepspeed_version)
     ranked = choose(candidates)
     chosen = ranked[0] if ranked else None

@@ -349,7 +349,8 @@ def test_offload_that_does_not_fit_the_host_gives_the_numbers(a100):
     finding = only(lint.lint(config, plan, 1), "zero_optimization")
     assert finding.message == (
         "ZeRO-3 + opt->cpu + param->cpu for meta-llama/Llama-2-70b-hf at world size 1 does not fit this host: "
-        f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} > {fmt_bytes(usable_cpu_bytes(a100))} usable; "
+        f"CPU RAM needs {fmt_bytes(estimate.cpu_bytes)} at the {estimate.cpu_peak_moment} > "
+        f"{fmt_bytes(usable_cpu_bytes(a100))} usable; "
         f"the planner picks {plan.chosen.strategy.label} for this model and host"
     )
     assert estimate.cpu_bytes > usable_cpu_bytes(a100)

@@ -150,3 +150,29 @@ def test_a_key_deepspeed_ignores_is_a_warning_and_the_run_goes_on(tmp_path):
     assert not any("sub_group_size" in w for w in final.warnings)  # a note is check's, not the run's
     with pytest.raises(dsconfig.InvalidDsConfig, match="comms_config"):  # the schema alone refuses it
         dsconfig.validate(final.config, plan.world_size)
+
+
+def test_a_user_configs_buffer_sizes_are_the_ones_the_plan_sizes_memory_with(tmp_path):
+    """bucket_pins: LLaMA-Factory's ds_z2_config.json sets 5e8-element buckets without overlap; the plan's GPU
+    estimate counts them (2 x 5e8 x 2 B = 2 GB), not its own h² buckets, and the merged config keeps them."""
+    import json
+
+    from launcher import settings
+    from launcher.config.merge import bucket_pins
+    from launcher.job.planning import build_plan
+    from tests.helpers import host_path
+
+    zero = {"stage": 2, "allgather_bucket_size": 5e8, "overlap_comm": False, "reduce_bucket_size": 5e8}
+    zero |= {"stage3_prefetch_bucket_size": "auto"}
+    assert bucket_pins({"zero_optimization": zero}) == {
+        "reduce_bucket_size": 500_000_000,
+        "allgather_bucket_size": 500_000_000,
+        "overlap_comm": False,
+    }
+    path = tmp_path / "ds_z2_config.json"
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    typed = {"model": "meta-llama/Llama-2-7b-hf", "host_spec": host_path("8x-a100-80g"), "zero_stage": "2"}
+    own = build_plan(settings.layer(typed)).chosen.memory.gpu_terms["comm buckets"]
+    theirs = build_plan(settings.layer({**typed, "ds_config": str(path)}))
+    assert theirs.chosen.memory.gpu_terms["comm buckets"] == 2 * 500_000_000 * 2 > own  # own: 4.5 x overlapped h²
+    assert theirs.chosen.buckets.reduce_bucket_size == 500_000_000 and not theirs.chosen.buckets.overlap_comm

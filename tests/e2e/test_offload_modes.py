@@ -66,7 +66,7 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
         out,
         *("--zero-stage", "2", "--offload-optimizer", "cpu", "--zenflow", "--zenflow-interval", "3", "--steps", "9"),
     )
-    run = check_run(out, 9, stage=2, offload_optimizer="cpu", offload_param="none", optimizer="ZenFlowCPUAdam")
+    check_run(out, 9, stage=2, offload_optimizer="cpu", offload_param="none", optimizer="ZenFlowCPUAdam")
     zenflow = json.loads((out / "ds_config.json").read_text())["zero_optimization"]["zenflow"]
     assert zenflow["update_interval"] == zenflow["select_interval"] == 3
     # the host's update runs every third step (the first one also starts ZenFlow's optimizer process); the other

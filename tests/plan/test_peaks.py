@@ -110,8 +110,8 @@ def test_usable_host_ram_is_what_the_kernel_leaves_less_the_processes_beside_the
     for host in (described, live):  # the inverse the property sweeps turn at
         need = 90 * GiB + 12345
         ram = capacity.cpu_memory_for(need, host)
-        at = lambda v, h=host: replace(h, cpu_memory_bytes=v, cpu_memory_available_bytes=v)
-        assert capacity.usable_cpu_bytes(at(ram)) >= need > capacity.usable_cpu_bytes(at(ram - 1))
+        low, high = (replace(host, cpu_memory_bytes=v, cpu_memory_available_bytes=v) for v in (ram - 1, ram))
+        assert capacity.usable_cpu_bytes(high) >= need > capacity.usable_cpu_bytes(low)
 
 
 def test_the_plan_names_each_tiers_peak_and_carries_every_moment(llama7b):

@@ -1,0 +1,161 @@
+"""The memory model against public GPU runs that report memory or ran out of it (tests/plan/published_memory_runs.yaml:
+each with its source, quote, what was inferred and a confidence). Every run the planner can plan (full fine-tuning of a
+model whose config is in published_models/, on a host whose GPU count is stated) is planned as a described host,
+pinned to the run's strategy and, where the source names it, its ds_config (whose buffer sizes the estimate then
+uses); its outcome must match the plan's verdict and its measured memory the plan's peak. One model explains them
+all: nothing here is fitted per run.
+
+Ran on torch's default pinned-memory rounding (no PYTORCH_ALLOC_CONF of ours: the runs predate it), so the plan is
+made with the user's allocator setting in place. `python -m tests.plan.test_published_memory` prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import settings
+from launcher.job.planning import build_plan
+from tests.plan.test_published_runs import HERE, host_yaml
+
+RUNS = yaml.safe_load((HERE / "published_memory_runs.yaml").read_text())["runs"]
+MEMORY_BAND = (0.8, 1.25)  # measured / predicted peak of a stated figure
+# A figure a tool reads off the whole device (nvidia-smi) includes the caching allocator's reserve and the context:
+# the plan's per-device figure; torch's max_memory_allocated leaves both out and is compared with the tensors alone.
+DEVICE_KINDS = ("nvidia-smi", "max_memory_reserved")
+# Runs the model does not explain yet, each with the reason (issue 26's open cases: the note says so). Strict: a
+# run that starts passing fails here, and leaves this list.
+KNOWN_MISSES = {
+    "hf-zero-blog-t5-3b-zero2-offload-bs30-1x3090-oom": (
+        "transformers 4.2 ran T5 with eager attention, which keeps the s x s scores the plan (SDPA, today's default) "
+        "does not count: 20.9 GiB predicted against the 21.6 GiB usable of a 24 GiB card that ran out"
+    ),
+    "lf7282-r1-distill-llama-70b-zero3-offload-both-8xh200": (
+        "one nvidia-smi reading (27 GiB) of unknown timing against a 9.9 GiB peak: with stage3_max_live_parameters "
+        "1e9 the gathered parameters the plan counts are bounded by DeepSpeed's live-parameter limit, not reached"
+    ),
+}
+
+
+def plannable(run: dict) -> bool:
+    return bool(run.get("config")) and run.get("method", "full") == "full" and bool(run["gpus"].get("per_node"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    outcome: str
+    fits: bool
+    problems: tuple[str, ...]
+    gpu_bytes: int
+    cpu_bytes: int
+    cpu_moment: str
+    measured_gpu_gib: float | None
+    measured_cpu_gib: float | None
+
+    def misses(self) -> list[str]:
+        """What the plan gets wrong about this run."""
+        wrong = []
+        if self.outcome == "ran" and not self.fits:
+            wrong.append(f"ran, but the plan says it does not fit: {'; '.join(self.problems)}")
+        for outcome, tier in (("gpu_oom", "GPU"), ("host_oom", "CPU RAM")):
+            if self.outcome == outcome and not any(p.startswith(tier) for p in self.problems):
+                wrong.append(f"ran out of {tier}, but the plan fits it there")
+        for measured, predicted, tier in (
+            (self.measured_gpu_gib, self.gpu_bytes, "GPU"),
+            (self.measured_cpu_gib, self.cpu_bytes, "CPU RAM"),
+        ):
+            if measured is not None and not MEMORY_BAND[0] <= measured * 2**30 / predicted <= MEMORY_BAND[1]:
+                wrong.append(f"{tier} measured {measured} GiB against {predicted / 2**30:.1f} GiB predicted")
+        return wrong
+
+
+def verdict(run: dict, folder: Path) -> Verdict:
+    """The plan for the run as it was configured (strategy pinned, its ds_config), on its described host."""
+    host = host_yaml(run, folder)
+    cpu = run.get("cpu") or {}
+    if not cpu.get("memory_gib"):  # not stated: the host's RAM cannot decide the run's outcome
+        host.write_text(host.read_text().replace("cpu_memory: 1024GiB", "cpu_memory: 16TiB"))
+    typed = {
+        "model": str(HERE / run["config"]),
+        "host_spec": str(host),
+        "num_gpus": run["gpus"]["per_node"],
+        "zero_stage": str(max(1, run["zero_stage"])),
+        "offload_optimizer": run["offload_optimizer"],
+        "offload_param": run["offload_param"],
+        "micro_batch": run["micro_batch"] or 1,
+        "grad_accum": run["grad_accum"] or 1,
+        "seq_len": run["seq_len"] or 1024,
+        "precision": run["precision"],
+        "activation_checkpointing": bool(run["activation_checkpointing"]),
+        "allow_long_seq": True,
+    }
+    if run.get("ds_config"):
+        path = folder / f"{run['id']}.json"
+        path.write_text(json.dumps(run["ds_config"]))
+        typed["ds_config"] = str(path)
+    plan = build_plan(settings.layer(typed))
+    candidate = next(c for c in plan.candidates if c.strategy.zero_stage == int(typed["zero_stage"]))
+    measured = run["measured"]
+    device = measured.get("gpu_memory_gib") if measured.get("gpu_memory_kind") in DEVICE_KINDS else None
+    return Verdict(
+        run["id"],
+        measured["outcome"],
+        candidate.fits,
+        candidate.problems,
+        candidate.memory.gpu_bytes_per_device,
+        candidate.memory.cpu_bytes,
+        candidate.memory.cpu_peak_moment,
+        device,
+        measured.get("host_ram_gib"),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _default_pinned_rounding(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")  # theirs: torch's default rounding
+
+
+def test_the_collection_states_its_sources():
+    assert len(RUNS) >= 20
+    for run in RUNS:
+        assert run["source"].startswith("https://") and run["quote"] and run["confidence"], run["id"]
+        assert run["measured"]["outcome"] in ("ran", "gpu_oom", "host_oom"), run["id"]
+    assert set(KNOWN_MISSES) <= {run["id"] for run in RUNS if plannable(run)}
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if plannable(r)], ids=lambda r: r["id"])
+def test_the_plan_calls_each_published_run(run, tmp_path):
+    found = verdict(run, tmp_path)
+    if run["id"] in KNOWN_MISSES:
+        assert found.misses(), f"{run['id']} now passes: take it off KNOWN_MISSES"
+        pytest.xfail(KNOWN_MISSES[run["id"]])
+    assert found.misses() == [], found
+
+
+def table() -> str:
+    import tempfile
+
+    rows = [
+        "| run | outcome | plan | GPU/device (measured) | CPU/node at its peak (measured) |",
+        "|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        for run in (r for r in RUNS if plannable(r)):
+            v = verdict(run, Path(folder))
+            gpu = f"{v.gpu_bytes / 2**30:.1f} GiB ({v.measured_gpu_gib or '-'})"
+            cpu = f"{v.cpu_bytes / 2**30:.1f} GiB, {v.cpu_moment} ({v.measured_cpu_gib or '-'})"
+            plan = "fits" if v.fits else "does not fit: " + "; ".join(v.problems)
+            rows.append(f"| {v.id} | {v.outcome} | {plan} | {gpu} | {cpu} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import os
+
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
+    print(table())
