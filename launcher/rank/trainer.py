@@ -82,6 +82,9 @@ class Trainer:
         self.checkpoints = CheckpointStore(self.engine, spec, self.rank, self.zero, self.log)
         self.gpu_memory = GpuMemory(torch, self.engine.device) if on_cuda(torch, self.engine.device) else None
         self.gpu_peaks = GpuPeaks()
+        # this rank's peak RSS with its children's (progress.peak_rss_bytes), sampled after every step: a child
+        # (ZenFlow's optimizer process) may be gone by the summary
+        self.rss_peak = 0
         self.gpu_step: dict | None = None  # the last step's GPU figures, max over ranks
         self.phase_seconds: dict = {}  # the last step's seconds per phase (PhaseClock)
         self.step_tokens: dict = {}  # the last step's trained and masked tokens, all ranks (blocks.count_tokens)
@@ -309,6 +312,7 @@ class Trainer:
                 raise SystemExit(f"loss is {loss} at step {step}; lower --lr or check the data")
             if saves:
                 self.checkpoints.save(step)
+            self.rss_peak = max(self.rss_peak, peak_rss_bytes())
         progress.close()
 
     def summary(self, metrics: Metrics, wall: float, nvme_bytes: int) -> dict:
@@ -403,7 +407,8 @@ class Trainer:
         """(the largest rank's peak RSS, the peak RSS of a node's ranks summed). Collective. The tensors live
         on the engine's device: NCCL reduces no CPU tensors."""
         torch = self.torch
-        peak = torch.tensor([float(peak_rss_bytes())], dtype=torch.float64, device=self.engine.device)
+        own = max(self.rss_peak, peak_rss_bytes())
+        peak = torch.tensor([float(own)], dtype=torch.float64, device=self.engine.device)
         total = peak.clone()
         self.dist.all_reduce(peak, op=self.dist.ReduceOp.MAX)
         self.dist.all_reduce(total)

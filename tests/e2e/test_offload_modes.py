@@ -66,7 +66,13 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
         out,
         *("--zero-stage", "2", "--offload-optimizer", "cpu", "--zenflow", "--zenflow-interval", "3", "--steps", "9"),
     )
-    check_run(out, 9, stage=2, offload_optimizer="cpu", offload_param="none", optimizer="ZenFlowCPUAdam")
+    # the optimizer process's memory is measured (a child of the rank: its VmHWM, sampled after every step) and
+    # predicted (host_buffers.py [ZenFlow]); without the child the ratio falls to ~0.5. Measured 0.69-0.84 here: the
+    # child's 250-350 MiB against the 0.5 GiB counted, and one sample of it per step - a looser band than the others'
+    band = (0.65, 1.2)
+    check_run(
+        out, 9, stage=2, offload_optimizer="cpu", offload_param="none", optimizer="ZenFlowCPUAdam", node_peak_band=band
+    )
     zenflow = json.loads((out / "ds_config.json").read_text())["zero_optimization"]["zenflow"]
     assert zenflow["update_interval"] == zenflow["select_interval"] == 3
     # the host's update runs every third step (the first one also starts ZenFlow's optimizer process); the other
@@ -74,9 +80,6 @@ def test_zenflow_trains_with_its_optimizer_process_counted(tiny_model, tiny_data
     updates = [m["update"] for m in read_metrics(out)]
     boundaries, others = updates[2::3], [u for i, u in enumerate(updates) if i % 3 != 2]
     assert min(boundaries[1:]) > 3 * max(others), updates
-    # the optimizer process's memory is measured (a child of the rank: its peak, VmHWM) and predicted
-    # (host_buffers.py [ZenFlow]); without the child the ratio falls to ~0.5, its 0.5 GiB baseline and moments
-    # predicted, not measured: check_run's band holds only with both
 
 
 def test_pipelined_nvme_optimizer_swaps_train(tiny_model, tiny_data, tmp_path):
