@@ -19,7 +19,7 @@ from launcher.files import tool_cache_dir
 from launcher.inspection.host import host_id, inspect_host
 from launcher.inspection.model import inspect_model
 from launcher.job import build_locks
-from launcher.measure import cache, zero_costs
+from launcher.measure import cache, contention, zero_costs
 from launcher.measure import passes as cuts
 from launcher.measure.probe import AIO_SWEEP, GPU_MATMUL_TOKENS, ProbeResult, measure_nvme_into, nvme_mount, run_probe
 from launcher.plan.compute import flops_per_token
@@ -42,8 +42,12 @@ def fill_cache(
     identity = host_id()
     path = cache.probe_path(tool_cache_dir())
     probe = cache.load_probe(path, identity)
-    if probe is None:
-        log("no measured rates for this host yet: measuring them once (offload-launch probe; cached) ...")
+    if probe is None or probe["details"].get("contended"):  # measure/contention.py: measured under load
+        log(
+            "this host's rates were measured under load: measuring them again (offload-launch probe; cached) ..."
+            if probe is not None
+            else "no measured rates for this host yet: measuring them once (offload-launch probe; cached) ..."
+        )
         probe = probe_and_cache(nvme_path, quick=False, log=log, for_run=True)[0].to_json()
     elif nvme_path and not drive_probed(probe, nvme_path):
         log(f"no measured rates for the drive of {nvme_path} yet: measuring it once (cached) ...")
@@ -218,8 +222,8 @@ def measure_passes(
     (measure/passes.cut_layers)."""
     cache_dir = cache_dir or tool_cache_dir()
     key = passes_key(profile, workload, device=device, threads=threads, host_id=host_id)
-    if (cached := cache.load_passes(cache_dir, key)) is not None:
-        return cached
+    if (cached := cache.load_passes(cache_dir, key)) is not None and not cached.get("contended"):
+        return cached  # one measured under load is measured again (measure/contention.py)
     layers = cuts.cut_layers(profile)
     if layers is None or _cuts_seconds(profile, layers, workload, flops_per_s) > PASSES_BUDGET_SECONDS:
         return None
@@ -235,6 +239,8 @@ def measure_passes(
         trust_remote_code=trust_remote_code,
     )
     if result is not None:
+        if result["contended"]:
+            log(contention.note("the passes were", result["core_share"], threads))
         cache.save_passes(cache_dir, key, result)
     return result
 

@@ -14,7 +14,7 @@ from launcher.files import tool_cache_dir
 from launcher.measure import cache
 from launcher.plan import features
 from launcher.plan.planner import Plan
-from launcher.plan.rates import resolve_rates
+from launcher.plan.rates import UNDER_LOAD, resolve_rates
 from launcher.plan.reasons import nominal_note
 from launcher.plan.workload import Resolved, Workload, resolve
 from launcher.settings import DECLARATIONS, Settings
@@ -77,7 +77,17 @@ def build_plan(settings: Settings, *, after_measuring: bool = False) -> Plan:
     )
     if host.source == "live" and not after_measuring and (note := nominal_note(host, rates)):
         plan = replace(plan, warnings=(*plan.warnings, note))
+    if under_load := [name for name, source in rates.sources.items() if source == UNDER_LOAD]:
+        plan = replace(plan, warnings=(*plan.warnings, under_load_note(under_load)))
     return plan
+
+
+def under_load_note(names: list[str]) -> str:
+    """measure/contention.py: figures timed while other processes competed for the cores."""
+    return (
+        f"{', '.join(names)} measured while other processes competed for the cores: the predicted step is slower "
+        "than this host on its own; a real run measures them again first"
+    )
 
 
 def user_buckets(settings: Settings) -> dict | None:

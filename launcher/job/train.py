@@ -155,7 +155,9 @@ def needs_rates(plan: Plan, settings: Settings) -> bool:
     uses_nvme = "nvme" in (plan.chosen.strategy.offload_optimizer, plan.chosen.strategy.offload_param)
     nvme_nominal = uses_nvme and str(sources.get("nvme_read_bytes_per_s")).startswith("nominal")
     zero_nominal = sources.get("zero_tensor_seconds") == "nominal"  # not tried yet on this host
-    if plan.host.source != "live" or ("passes" in sources and not nvme_nominal and not zero_nominal):
+    under_load = any(source == "measured under load" for source in sources.values())  # measure/contention.py
+    measured = sources.get("passes") == "measured" and not (nvme_nominal or zero_nominal or under_load)
+    if plan.host.source != "live" or measured:
         return False
     rundir.check_folder(output_dir(settings), "train", settings.force)
     return not settings.data or Path(settings.data).exists()  # a missing one: prepare_run says what is wrong

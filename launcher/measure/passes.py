@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.inspection.model import CAUSAL_LM, OTHER, auto_class
+from launcher.measure.contention import CoreShare
 
 # blocks in the two cuts (the second no more than the model has): apart, so that a block stands out of the noise
 CUT_LAYERS = (1, 3)
@@ -139,7 +140,8 @@ def time_passes(
             )
             for n in layers
         ]
-        seconds = time_cuts(cuts)
+        with CoreShare(threads) as share:
+            seconds = time_cuts(cuts)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not buildable (or not trainable) here
         log(f"could not time the passes at the model's shapes ({exc}); the plan counts FLOPs")
         return None
@@ -155,5 +157,8 @@ def time_passes(
         "cut_seconds": seconds,
         "device": device,
         "threads": threads,
+        # contention.py: the share of its threads' cores the timing got (on a GPU the host's cores do not time it)
+        "core_share": share.share if device == "cpu" else None,
+        "contended": device == "cpu" and share.contended,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.inspection.host import host_id, usable_cores
+from launcher.measure.contention import CoreShare
+from launcher.measure.contention import note as contention_note
 
 GPU_MATMUL_TOKENS = 4096  # rows of the probed products when the probe is not told the workload (tokens/micro-batch)
 # When the probe does not know the model: (hidden, intermediate) pairs of common Llama shapes (7B, 13B, 70B)
@@ -316,11 +318,17 @@ def nvme_mount(path: str) -> str | None:
 def _measure_cpu(figures: dict, details: dict, *, quick: bool, has_gpu: bool, log: Callable[[str], None]) -> None:
     """The CPU's figures into `figures` and `details`: memory bandwidth, bf16 matmuls by width, DeepSpeedCPUAdam
     (and, without a GPU, torch's fused AdamW) at every thread count a rank may get."""
+    import torch
+
     log("CPU memory bandwidth ...")
-    figures["cpu_memory_bandwidth_bytes_per_s"] = measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20)
-    log("CPU bf16 matmul ...")
-    widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
-    by_width = {str(width): measure_cpu_flops(width) for width in widths}
+    with CoreShare(torch.get_num_threads()) as share:  # the figures timed with every thread
+        figures["cpu_memory_bandwidth_bytes_per_s"] = measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20)
+        log("CPU bf16 matmul ...")
+        widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
+        by_width = {str(width): measure_cpu_flops(width) for width in widths}
+    details["core_share"], details["contended"] = share.share, share.contended
+    if share.contended:
+        log(contention_note("the CPU's bandwidth and matmuls were", share.share, share.threads))
     figures["cpu_flops_per_s"] = max(by_width.values())
     details["cpu_flops_per_s_by_width"] = by_width
     log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")

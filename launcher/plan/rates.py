@@ -137,6 +137,22 @@ def cpu_flops_for_width(details: Mapping, width: int) -> float | None:
     return by_width[nearest]
 
 
+UNDER_LOAD = "measured under load"
+# the probe's figures its CPU section times with every thread (measure/probe.py _measure_cpu)
+CORE_FIGURES = ("cpu_flops_per_s", "cpu_memory_bandwidth_bytes_per_s")
+
+
+def _mark_under_load(sources: dict, passes: Mapping | None, details: Mapping) -> None:
+    """measure/contention.py: the figures timed while other processes competed for the cores are "measured under
+    load" (a real run measures them again first)."""
+    if passes and passes.get("contended"):
+        sources["passes"] = UNDER_LOAD
+    if details.get("contended"):
+        for name in CORE_FIGURES:
+            if sources.get(name) == "measured":
+                sources[name] = UNDER_LOAD
+
+
 def resolve_rates(
     host: HostProfile,
     figures: Mapping | None = None,
@@ -168,6 +184,7 @@ def resolve_rates(
     write = pick("nvme_write_bytes_per_s", nvme.write_bytes_per_s if nvme else None, NOMINAL_NVME_WRITE)
     if passes:
         sources["passes"] = "measured"
+    _mark_under_load(sources, passes, details)
     zero_costs = _zero_costs(details, host)
     tried = "zero_tensor_seconds" in details
     sources["zero_tensor_seconds"] = (
