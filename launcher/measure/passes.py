@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.inspection.model import CAUSAL_LM, OTHER, auto_class
-from launcher.measure.contention import CoreShare
+from launcher.measure.contention import contended, gauged
 
 # blocks in the two cuts (the second no more than the model has): apart, so that a block stands out of the noise
 CUT_LAYERS = (1, 3)
@@ -140,8 +140,8 @@ def time_passes(
             )
             for n in layers
         ]
-        with CoreShare(threads) as share:
-            seconds = time_cuts(cuts)
+        # contention.py: on the CPU the host's cores time it, gauged before and after
+        seconds, share = gauged(lambda: time_cuts(cuts), threads) if device == "cpu" else (time_cuts(cuts), None)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not buildable (or not trainable) here
         log(f"could not time the passes at the model's shapes ({exc}); the plan counts FLOPs")
         return None
@@ -158,7 +158,7 @@ def time_passes(
         "device": device,
         "threads": threads,
         # contention.py: the share of its threads' cores the timing got (on a GPU the host's cores do not time it)
-        "core_share": share.share if device == "cpu" else None,
-        "contended": device == "cpu" and share.contended,
+        "core_share": share,
+        "contended": contended(share),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.inspection.host import host_id, usable_cores
-from launcher.measure.contention import CoreShare
+from launcher.measure.contention import contended, gauged
 from launcher.measure.contention import note as contention_note
 
 GPU_MATMUL_TOKENS = 4096  # rows of the probed products when the probe is not told the workload (tokens/micro-batch)
@@ -320,15 +320,17 @@ def _measure_cpu(figures: dict, details: dict, *, quick: bool, has_gpu: bool, lo
     (and, without a GPU, torch's fused AdamW) at every thread count a rank may get."""
     import torch
 
+    threads = torch.get_num_threads()
     log("CPU memory bandwidth ...")
-    with CoreShare(torch.get_num_threads()) as share:  # the figures timed with every thread
-        figures["cpu_memory_bandwidth_bytes_per_s"] = measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20)
-        log("CPU bf16 matmul ...")
-        widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
-        by_width = {str(width): measure_cpu_flops(width) for width in widths}
-    details["core_share"], details["contended"] = share.share, share.contended
-    if share.contended:
-        log(contention_note("the CPU's bandwidth and matmuls were", share.share, share.threads))
+    bandwidth, before = gauged(lambda: measure_cpu_memory_bandwidth(32 << 20 if quick else 512 << 20), threads)
+    figures["cpu_memory_bandwidth_bytes_per_s"] = bandwidth
+    log("CPU bf16 matmul ...")
+    widths = CPU_MATMUL_WIDTHS[1:3] if quick else CPU_MATMUL_WIDTHS
+    by_width, after = gauged(lambda: {str(width): measure_cpu_flops(width) for width in widths}, threads)
+    share = details["core_share"] = min(before, after)  # contention.py: the figures timed with every thread
+    details["contended"] = contended(share)
+    if details["contended"]:
+        log(contention_note("the CPU's bandwidth and matmuls were", share, threads))
     figures["cpu_flops_per_s"] = max(by_width.values())
     details["cpu_flops_per_s_by_width"] = by_width
     log("DeepSpeedCPUAdam (JIT-compiles cpu_adam on first use) ...")
