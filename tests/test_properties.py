@@ -583,7 +583,8 @@ def test_more_nodes_on_a_real_network_still_fit(scenario):
 
 def test_the_sweeps_do_cross_strategy_boundaries():
     """The monotonicity checks are not vacuous: Qwen2.5-0.5B needs opt->cpu on an 8 GiB GPU and no offload
-    on a 141 GiB one; Llama-2-7B next to a 24 GiB GPU needs opt->nvme with 32 GiB of RAM, opt->cpu with 256."""
+    on a 141 GiB one; Llama-2-7B next to a 24 GiB GPU needs opt->nvme with 40 GiB of RAM, opt->cpu with 256 (with 32
+    nothing fits: ZeRO-3's export gathers the 16-bit model, 14 GB, on rank 0 beside the run, plan/peaks.py)."""
     host = load_host_spec(str(HOSTS / "1x-rtx4090-24g.yaml"))
     host = replace(host, nvme=NvmeSpec("/local_nvme/offload", 4 * TB))
     model = bundled_profile("Qwen/Qwen2.5-0.5B")
@@ -605,7 +606,7 @@ def test_the_sweeps_do_cross_strategy_boundaries():
             Workload(),
             resolve_rates(h),
         )
-        for r in (32, 256)
+        for r in (40, 256)
     ]
     assert offload(by_ram[0]) == (2, 0) and offload(by_ram[1]) == (1, 0)
     check_more_never_hurts(by_gpu)
