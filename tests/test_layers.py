@@ -27,6 +27,7 @@ UTILITIES = {
     "stops",
     "drills",
     "deepspeed_logging",
+    "cpuinfo_once",
     "settings",
     "recipes",
 }

@@ -92,6 +92,7 @@ def _run(request: dict, log: Callable[[str], None]) -> None:
 
 
 def _child(request: dict) -> None:
+    from launcher.cpuinfo_once import ask_cpuinfo_once
     from launcher.files import tool_cache_dir
     from launcher.inspection.host import inspect_host
     from launcher.inspection.model import inspect_model
@@ -101,6 +102,7 @@ def _child(request: dict) -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    ask_cpuinfo_once()  # the measurements load DeepSpeed's ops (cpu_adam, async_io)
     if request["action"] == "probe":
         measuring.probe_and_cache(
             request["nvme_path"], quick=request["quick"], log=log, model=request["model"], tokens=request["tokens"]

@@ -174,8 +174,10 @@ def _main() -> None:
     import torch
     from transformers import AutoConfig
 
+    from launcher.cpuinfo_once import ask_cpuinfo_once
     from launcher.measure.passes import build_cut
 
+    ask_cpuinfo_once()  # before deepspeed.initialize loads cpu_adam
     warnings.filterwarnings("ignore")
     folder, device = Path(sys.argv[1]), sys.argv[2]
     model_config = AutoConfig.from_pretrained(folder)

@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from launcher.cpuinfo_once import ask_cpuinfo_once
 from launcher.files import write_json_atomic
 from launcher.job import ranks
 from launcher.job.rundir import SUMMARY_FILE
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             "must be a folder every node sees at the same path (a shared file system)"
         )
     spec = RunSpec.load(args.run_spec)
+    ask_cpuinfo_once()  # before DeepSpeed loads its ops (cpu_adam, shm_comm, async_io)
     rank = int(os.environ.get("RANK", "0"))
     ranks.started(spec.out, rank, node_rank(), socket.gethostname())  # how a lost rank's node gets named
     how = "returned 0"
