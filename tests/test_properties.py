@@ -162,13 +162,14 @@ def models() -> st.SearchStrategy[ModelProfile]:
 # ------------------------------------------------------------------------------------------ hosts
 
 
-# An ideal network (infinitely fast) and GPU links nobody described (not charged): the sweeps over memory, GPUs and
-# nodes below test what fits and what the partitioning saves; real links add each step's collectives as nodes and
-# ranks grow (plan/network.py), which the links' own properties below and tests/plan/test_network.py check.
+# An ideal network and ideal GPU links (infinitely fast): the sweeps over memory, GPUs and nodes below test what fits
+# and what the partitioning saves; real links add each step's collectives as nodes and ranks grow (plan/network.py),
+# which the links' own properties below and tests/plan/test_network.py check. Undescribed links (None) are the
+# GPUs' nominal NVLink or PCIe (network.py [links]).
 IDEAL_NETWORK = st.just(math.inf)
 NETWORKS = st.sampled_from([1e9, 3.125e9, 12.5e9, 25e9, 200e9])  # bytes/s per node: 8 Gb/s to 8 x HDR InfiniBand
-GPU_LINKS = st.none() | st.sampled_from([16e9, 300e9])  # bytes/s per GPU: PCIe 4.0 peers, NVLink 3
-UNDESCRIBED_GPU_LINKS = st.none()
+GPU_LINKS = st.none() | st.sampled_from([16e9, 300e9])  # bytes/s per GPU: nominal, PCIe 4.0 peers, NVLink 3
+IDEAL_GPU_LINKS = st.just(math.inf)
 
 
 @st.composite
@@ -177,7 +178,7 @@ def hosts(
     gpu_counts: st.SearchStrategy[int] | None = None,
     with_nvme: bool | None = None,
     network: st.SearchStrategy[float] = IDEAL_NETWORK,
-    gpu_links: st.SearchStrategy[float | None] = UNDESCRIBED_GPU_LINKS,
+    gpu_links: st.SearchStrategy[float | None] = IDEAL_GPU_LINKS,
 ) -> HostProfile:
     """What a host spec can describe: 0-8 GPUs of 8-141 GiB, 8 GiB-2 TiB RAM, 1-4 nodes, maybe an NVMe drive
     (`with_nvme`: True always, False never, None either), memlock from 0 to unlimited, the nodes' `network` and the
@@ -570,14 +571,14 @@ def test_a_faster_network_never_slows_the_chosen_step(scenario, faster):
 @given(scenarios(hosts(network=NETWORKS, gpu_links=GPU_LINKS)))
 def test_more_nodes_on_a_real_network_still_fit(scenario):
     """Nodes 1-4 on a finite network: what fits on fewer nodes fits on more (the collectives cost time, not
-    memory), and the chosen step pays for its collectives only with several nodes or described GPU links."""
+    memory), and the chosen step pays for its collectives only with several ranks."""
     model, host, workload = scenario
     plans = [make_plan(model, (h := replace(host, nodes=n)), workload, resolve_rates(h)) for n in range(1, 5)]
     for smaller, larger in pairwise(plans):
         if smaller.chosen is not None:
             assert still_fits(larger, smaller.chosen.strategy)
     for plan in plans:
-        if plan.chosen is not None and plan.host.nodes == 1 and not host.gpus.interconnect_bytes_per_s:
+        if plan.chosen is not None and plan.world_size == 1:
             assert plan.chosen.timing.collective_seconds_per_step == 0
 
 

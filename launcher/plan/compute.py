@@ -112,11 +112,12 @@ def backward_share(recompute: bool) -> float:
 
 
 def device_optimizer_seconds(params: int, world: int, rates: Rates) -> float:
-    """The optimizer on the GPU (no offload): torch's fused AdamW streams the same [seeds-A] bytes as CPU-Adam,
-    plus the 16-bit copy it writes, through device memory; 0 when the bandwidth is not known."""
+    """The optimizer on the GPU (no offload): fused Adam streams the same [seeds-A] bytes as CPU-Adam, and the fp32
+    master is copied into the 16-bit weights (read 4, write 2: stage_1_and_2.py / stage3.py `step`), through device
+    memory; 0 when the bandwidth is not known. DeepSpeed's own passes around it: framework.py [DS-gpu-step]."""
     if not rates.device_memory_bytes_per_s:
         return 0.0
-    return (ADAM_BYTES_PER_PARAM + BYTES_16BIT) * params / world / rates.device_memory_bytes_per_s
+    return (ADAM_BYTES_PER_PARAM + BYTES_FP32 + BYTES_16BIT) * params / world / rates.device_memory_bytes_per_s
 
 
 def cpu_adam_seconds(params: int, world: int, ranks_per_node: int, rates: Rates, torch_adam: bool = False) -> float:

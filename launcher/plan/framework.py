@@ -35,10 +35,22 @@ ZERO_PASS_BYTES_PER_PARAM = {
 }
 # DeepSpeed's own step with nothing offloaded (stage_1_and_2.py / stage3.py `step`: the gradient partition widened to
 # fp32, its norm, the clip, the narrowing back, the gathers), on the CPU accelerator, as bytes per parameter through
-# the host's memory beside the optimizer's own (on a GPU not charged, as ZERO_PASS_BYTES_PER_PARAM): the ~20 M- and
-# ~100 M-parameter ZeRO-2 rows of `make bench` step at ~4.7 ns/param, of which the optimizer takes ~0.5; the rest at
-# the probed 31 GB/s is ~130 B/param.
+# the host's memory beside the optimizer's own: the ~20 M- and ~100 M-parameter ZeRO-2 rows of `make bench` step at
+# ~4.7 ns/param, of which the optimizer takes ~0.5; the rest at the probed 31 GB/s is ~130 B/param.
 NO_OFFLOAD_STEP_BYTES_PER_PARAM = 130
+# [DS-gpu-step] The same step on a GPU, per parameter of the rank's partition through device memory, beside the
+# optimizer's own bytes (compute.py device_optimizer_seconds: Adam's 28 and the copy back into the 16-bit weights),
+# read in DeepSpeed 0.19.8. ZeRO-1/2 (stage_1_and_2.py `step`): the overflow scan of the 16-bit gradients
+# (`has_overflow` -> utils.py `has_inf_or_nan`: amax and amin, 2 + 2 B), the norm (`get_grad_norm_direct` widens each
+# gradient to fp64, zero/utils.py `get_norm_dtype`: read 2, write 8, read 8 = 18 B), the partition flattened
+# (torch.cat: 2 + 2) and cast to fp32 (2 + 4), unscaled and clipped (`unscale_and_clip_grads` mul_: 4 + 4): 40 B.
+# ZeRO-3 (stage3.py `step`): the norm (18), each sub-group's gradients flattened and cast
+# (`_prepare_fp32_grad_for_sub_group`: 4 + 6), unscaled and clipped (8): 36 B; fp16 adds an 8 B overflow scan of the
+# flat buffer (`has_overflow`: isinf and isnan), not counted (bf16 is the tool's default precision). Checked against
+# DeepSpeed's timers: Qwen-72B on 32 x A100 80 GB (issue 6834, ~0.2 s read off a screenshot) is predicted 0.078 s with
+# Adam's and the copy's 34 B (2.6x short: per-tensor launches and the rendezvous of the norm's all-reduce are not
+# counted); GPT-2 10B on 32 x V100 (docs/_tutorials/zero.md's log: optimizer 2.08 s, with the all-gather) 1.6 s.
+GPU_STEP_BYTES_PER_PARAM = {False: 40, True: 36}  # by ZeRO-3?
 # Seconds per optimizer step DeepSpeed's engine spends outside the work above (its step bookkeeping: loss scale,
 # overflow check, scheduler, timers): the ~1 M-parameter ZeRO-2 + optimizer-on-CPU row's update phase minus CPU-Adam
 # and the host copies.
@@ -83,8 +95,14 @@ def framework_seconds(
     return (per_tensor + per_param) * shape.grad_accum
 
 
-def no_offload_step_seconds(params: int, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool) -> float:
-    """DeepSpeed's step around the optimizer when nothing is offloaded, on the CPU accelerator
-    (NO_OFFLOAD_STEP_BYTES_PER_PARAM at the rank's share of the bandwidth); 0 on a GPU (see the constant)."""
-    bandwidth = 0.0 if has_gpu else (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node
-    return NO_OFFLOAD_STEP_BYTES_PER_PARAM * params / world / bandwidth if bandwidth else 0.0
+def no_offload_step_seconds(
+    params: int, world: int, ranks_per_node: int, rates: Rates, has_gpu: bool, zero3: bool
+) -> float:
+    """DeepSpeed's step around the optimizer when nothing is offloaded: on the CPU accelerator
+    NO_OFFLOAD_STEP_BYTES_PER_PARAM at the rank's share of the host's bandwidth, on a GPU [DS-gpu-step]'s bytes at
+    the device's memory bandwidth (0 when it is not known)."""
+    if has_gpu:
+        bandwidth, per_param = rates.device_memory_bytes_per_s or 0.0, GPU_STEP_BYTES_PER_PARAM[zero3]
+    else:
+        bandwidth, per_param = (rates.cpu_memory_bytes_per_s or 0) / ranks_per_node, NO_OFFLOAD_STEP_BYTES_PER_PARAM
+    return per_param * params / world / bandwidth if bandwidth else 0.0

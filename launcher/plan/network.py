@@ -14,9 +14,7 @@ Sources:
             same. A hierarchical algorithm (reduce-scatter inside the node, 1/R of the data per GPU across the
             nodes, all-gather inside) puts as much on each node's network. So B = min(one GPU's link to the others,
             the node's network), both per direction (`ring_bytes_per_s`): with one node only the GPUs' links, which a
-            described host may state (gpus.interconnect); where it does not, collectives inside a node are not
-            charged, as this model always did (the 2- and 8-GPU runs of tests/plan/published_runs.yaml are predicted
-            within band without them).
+            described host may state (gpus.interconnect); where it does not, [links] says what they are taken to be.
   [ZeRO]    Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", section 7:
             data parallelism all-reduces the gradients, 2Ψ per rank (Ψ the model's elements); ZeRO-1/2 reduce-scatter
             the gradients and all-gather the updated parameters, 2Ψ as well; ZeRO-3 all-gathers the parameters before
@@ -44,6 +42,13 @@ Sources:
             8·P: compute.py [seeds-F], `backward_share`). ZeRO-3's gathers are charged in full, as traffic.py charges
             the offloaded parameters' fetches (prefetching hides only part of them: DeepSpeed issue 3901); the
             all-gather after the optimizer step waits for the step and adds to the update.
+  [links]   A GPU's link to the node's other GPUs when nobody described it ([busbw]: the hardware bottleneck): on an
+            SXM board, its NVLink, per direction half the total its datasheet gives (NVIDIA V100: 300 GB/s, A100: 600,
+            H100 and H200: 900, B200: 1.8 TB/s), the figure the tool's 8 x A100 recipes state; a PCIe card's traffic to
+            another card crosses its own PCIe link (peer to peer through the switch or root complex, or NCCL's
+            shared-memory transport through host memory where peer access is off, as on GeForce cards), so the host's
+            PCIe rate per direction bounds it, from its generation and width. A live host reads no topology, so its
+            GPUs are taken as named too. `with_links` marks the source "nominal" and the plan says which link it took.
   [nominal] A node whose network is not described (a live host: nothing here can measure it) is taken to have one
             100 Gb/s NIC: 100 Gigabit Ethernet (IEEE 802.3) or InfiniBand EDR / HDR100, a common cluster node's link;
             the plan says so in one line (reasons.py). GPU servers built for multi-node training have far more (a DGX
@@ -59,6 +64,7 @@ from launcher.plan.compute import backward_share
 from launcher.plan.rates import Rates
 from launcher.plan.shapes import Shape
 from launcher.plan.strategy import BYTES_16BIT, Strategy
+from launcher.units import GB
 
 if TYPE_CHECKING:
     from launcher.inspection.hostprofile import HostProfile
@@ -142,16 +148,42 @@ def collective_times(
     )
 
 
+# [links] NVLink per GPU per direction, half the bidirectional total of each datasheet, by what NVML and the vendors
+# name the SXM parts; the first match wins. "H100 NVL" and "H200 NVL" are PCIe cards bridged in pairs or fours, and
+# fall through to PCIe with every other card.
+NVLINK_BYTES_PER_S = (
+    (("V100-SXM",), 150 * GB),  # NVIDIA V100 datasheet: NVLink 300 GB/s
+    (("A100-SXM", "A800-SXM"), 300 * GB),  # NVIDIA A100 datasheet: NVLink 600 GB/s (A800: 400, taken as A100's)
+    (("H100 80GB HBM3", "H100-SXM", "H100 SXM", "H800"), 450 * GB),  # NVIDIA H100 datasheet: NVLink 900 GB/s
+    (("H200",), 450 * GB),  # NVIDIA H200 datasheet: NVLink 900 GB/s (the SXM part; NVL excluded below)
+    (("B200", "B100"), 900 * GB),  # NVIDIA DGX B200 datasheet: NVLink 5, 1.8 TB/s per GPU
+)
+
+
+def nominal_gpu_link(host: HostProfile) -> tuple[float, str]:
+    """[links] (bytes/s per direction, the link's name) between this node's GPUs when nobody described it."""
+    name = host.gpus.name
+    if " NVL" not in name:
+        for patterns, rate in NVLINK_BYTES_PER_S:
+            if any(p in name for p in patterns):
+                return float(rate), "NVLink"
+    return float(host.pcie_bytes_per_s), "PCIe"
+
+
 def with_links(rates: Rates, host: HostProfile, ranks_per_node: int) -> Rates:
     """`rates` with the host's links for the collectives, where the rates do not carry them already: the node's
     network (described; with several nodes and none described, [nominal]) and each GPU's link to the others
-    (described, else None), each with its source where the plan's ring crosses it."""
+    (described, else [links]), each with its source where the plan's ring crosses it."""
     network = rates.network_bytes_per_s or host.network_bytes_per_s
     interconnect = rates.interconnect_bytes_per_s or host.gpus.interconnect_bytes_per_s
     sources = dict(rates.sources)
     if host.nodes > 1:
         sources.setdefault("network_bytes_per_s", "described" if network else "nominal")
         network = network or NOMINAL_NETWORK_BYTES_PER_S
-    if interconnect and ranks_per_node > 1:
-        sources.setdefault("interconnect_bytes_per_s", "described")
+    if ranks_per_node > 1 and host.has_gpu:
+        if interconnect:
+            sources.setdefault("interconnect_bytes_per_s", "described")
+        else:
+            interconnect, link = nominal_gpu_link(host)
+            sources["interconnect_bytes_per_s"] = f"nominal ({link}, not measurable here)"
     return replace(rates, network_bytes_per_s=network, interconnect_bytes_per_s=interconnect, sources=sources)

@@ -54,9 +54,10 @@ from launcher.plan.traffic import (
 )
 
 # Changed whenever a change to this file, or to how its measured inputs are taken, changes what it predicts: finished
-# runs calibrate later plans only through the version that predicted them (plan/calibration.py). ".2": the passes at
-# the model's shapes are a median of rounds, no longer the best (measure/passes.py).
-MODEL_VERSION = "2026-12-02.2"
+# runs calibrate later plans only through the version that predicted them (plan/calibration.py). 2026-12-07: the GPUs'
+# links a host does not describe are their nominal NVLink or PCIe (network.py [links]), and DeepSpeed's own passes
+# around the GPU optimizer are charged (framework.py [DS-gpu-step]).
+MODEL_VERSION = "2026-12-07.1"
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,11 @@ def step_terms(
         host_passes=t_host_passes,
         host_update=t_host_update,
         adam=optimizer_seconds(params, strategy, world, ranks_per_node, rates, has_gpu, gpu_share),
-        engine_step=no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu) if no_offload else 0.0,
+        engine_step=(
+            no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu, strategy.zero_stage >= 3)
+            if no_offload
+            else 0.0
+        ),
         nvme_passes=t_nvme_passes,
         nvme_update=t_nvme_update,
         hooks=framework_seconds(shape, strategy, world, ranks_per_node, rates, has_gpu),
@@ -287,7 +292,8 @@ def _without_offload(
         return without_offload + (t.adam + t.engine_step)
     # the optimizer where it would run: on the GPU, or torch's fused AdamW on the CPU accelerator
     adam = plain_optimizer_seconds(params, world, ranks_per_node, rates, has_gpu)
-    return without_offload + (adam + no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu))
+    zero3 = strategy.zero_stage >= 3
+    return without_offload + (adam + no_offload_step_seconds(params, world, ranks_per_node, rates, has_gpu, zero3))
 
 
 def estimate_step(

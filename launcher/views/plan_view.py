@@ -141,7 +141,7 @@ def step_parts(plan: Plan) -> tuple[tuple[str, float, int | None, str], ...]:
         ("ZeRO/engine", t.framework_seconds_per_step, None, "white"),
         ("NVMe", t.nvme_seconds_per_step, t.nvme_bytes_per_step, "magenta"),
     )
-    if not t.collective_seconds_per_step:  # one node whose GPUs' links nobody described: not charged (plan/network.py)
+    if not t.collective_seconds_per_step:  # one rank per node, or nothing to send (plan/network.py)
         return parts
     # what each GPU sends around the ring per step, and with several nodes each node across the network
     name = "network" if plan.host.nodes > 1 else "GPU links"

@@ -223,7 +223,42 @@ def test_the_network_term_is_in_the_split_the_json_and_the_rates(llama7b):
     assert as_json["rates"]["sources"]["network_bytes_per_s"] == "described"
     assert as_json["host"]["network_bytes_per_s"] == ETHERNET_25G
     one_node = make_plan(llama7b, (h := load_host_spec(host_path("8x-a100-80g"))), Workload(), resolve_rates(h))
-    assert [part[0] for part in plan_view.step_parts(one_node)][-1] == "NVMe"  # nothing charged: no row
+    assert [part[0] for part in plan_view.step_parts(one_node)][-1] == "GPU links"  # its NVLink, nominal
+    assert one_node.rates.sources["interconnect_bytes_per_s"] == "nominal (NVLink, not measurable here)"
+    assert "interconnect_bytes_per_s nominal (NVLink" in plan_view.plan_text(one_node, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "pcie", "expected"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "{generation: 4, width: 16}", (300e9, "NVLink")),  # A100 datasheet: 600 GB/s
+        ("NVIDIA H100 80GB HBM3", "{generation: 5, width: 16}", (450e9, "NVLink")),  # what NVML calls the SXM part
+        ("NVIDIA H100 NVL", "{generation: 5, width: 16}", (64e9, "PCIe")),  # a PCIe card bridged in pairs
+        ("NVIDIA GeForce RTX 4090", "{generation: 4, width: 16}", (32e9, "PCIe")),  # no peer access: via host memory
+        ("NVIDIA GeForce RTX 3090", "{generation: 3, width: 8}", (8e9, "PCIe")),  # two cards sharing 16 lanes
+    ],
+)
+def test_the_gpus_links_nobody_described_are_their_nvlink_or_their_pcie(name, pcie, expected, write_host):
+    host = load_host_spec(
+        write_host(f"gpus: {{count: 2, memory: 24GiB, name: {name!r}}}\ncpu_memory: 128GiB\npcie: {pcie}\n")
+    )
+    assert network.nominal_gpu_link(host) == expected
+    linked = network.with_links(resolve_rates(host), host, ranks_per_node=2)
+    assert linked.interconnect_bytes_per_s == expected[0]
+    assert linked.sources["interconnect_bytes_per_s"] == f"nominal ({expected[1]}, not measurable here)"
+    assert network.with_links(resolve_rates(host), host, ranks_per_node=1).interconnect_bytes_per_s is None
+
+
+def test_pcie_cards_pay_zero_3_s_gathers_on_their_pcie(llama7b, write_host):
+    """[links] two 24 GB consumer cards on PCIe 3: ZeRO-3's gathers and reduce-scatters (3 x 2 B/param x (n-1)/n per
+    micro-batch) cross each card's 16 GB/s link and cost the passes their time, where nothing was charged before."""
+    text = "gpus: {count: 2, memory: 24GiB, name: NVIDIA GeForce RTX 3090}\ncpu_memory: 256GiB\npcie: {generation: 3}\n"
+    host = load_host_spec(write_host(text))
+    plan = make_plan(llama7b, host, Workload(zero_stage="3", offload_optimizer="cpu"), resolve_rates(host))
+    t = plan.chosen.timing
+    sent = 3 * 0.5 * 2 * llama7b.params  # gathers before forward and backward, the gradients' reduce-scatter
+    assert t.collective_bytes_per_step == pytest.approx(sent, rel=1e-3)
+    assert t.collective_seconds_per_step == pytest.approx(sent / 16e9, rel=1e-3)
 
 
 def test_several_nodes_without_a_described_network_say_which_figure_they_assumed(llama7b, write_host):

@@ -39,7 +39,9 @@ def host_yaml(run: dict, folder: Path) -> Path:
         f"cpu_cores: {cpu.get('cores') or 32}",
     ]
     if pcie:
-        lines.append(f"pcie: {{generation: {pcie['gen']}, width: {pcie['lanes']}}}")
+        lines.append(f"pcie: {{generation: {pcie['gen']}, width: {pcie['lanes'] or 16}}}")
+    if (run.get("nodes") or 1) > 1:  # the nodes' network is not stated: the plan's nominal figure (network.py)
+        lines.append(f"nodes: {run['nodes']}")
     path = folder / f"{run['id']}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

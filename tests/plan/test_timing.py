@@ -363,3 +363,28 @@ def test_t5_11b_plans_from_its_bundled_config_with_both_stacks():
     p, s, d = plan.model.params, 512, 128 * 128
     flops = (8 * p + 16 * (48 + 24) * s * d) * s  # recomputed (activation checkpointing is on by default)
     assert shape.compute_seconds_per_step >= flops / plan.rates.compute_flops_per_s
+
+
+def test_deepspeed_s_own_step_on_the_gpu_streams_the_bytes_read_in_its_source():
+    """framework.py [DS-gpu-step]: with nothing offloaded the update is Adam's 28 B/param and the copy back into the
+    16-bit weights (4 + 2), plus DeepSpeed's passes around them (overflow scan, fp64 norm, flatten, cast, unscale):
+    40 B/param at ZeRO-1/2, 36 at ZeRO-3, per parameter of the rank's partition at the device's memory bandwidth."""
+    from launcher.plan.compute import device_optimizer_seconds
+    from launcher.plan.framework import GPU_STEP_BYTES_PER_PARAM, no_offload_step_seconds
+
+    rates = replace(SEEDS_RATES, device_memory_bytes_per_s=2.0e12)
+    params, world = 72_000_000_000, 32
+    share = params / world / 2.0e12
+    assert device_optimizer_seconds(params, world, rates) == pytest.approx(34 * share)
+    assert no_offload_step_seconds(params, world, 8, rates, True, zero3=False) == pytest.approx(40 * share)
+    assert no_offload_step_seconds(params, world, 8, rates, True, zero3=True) == pytest.approx(36 * share)
+    assert GPU_STEP_BYTES_PER_PARAM == {False: 4 + 18 + 4 + 6 + 8, True: 18 + 10 + 8}
+    unknown = replace(rates, device_memory_bytes_per_s=None)
+    assert no_offload_step_seconds(params, world, 8, unknown, True, zero3=True) == 0.0  # nothing to rate it with
+    shape = Shape(params=params, compute_params=params, layers=80, hidden=8192, seq_len=8192)
+    for stage in (2, 3):  # one node of 32 whose links nobody described here: no collectives in the update
+        step = timing.estimate_step(
+            shape, Strategy(zero_stage=stage), rates, world=world, ranks_per_node=world, has_gpu=True
+        )
+        expected = (34 + GPU_STEP_BYTES_PER_PARAM[stage == 3]) * share + STEP_FIXED_SECONDS
+        assert step.update_seconds == pytest.approx(expected, rel=1e-6)
