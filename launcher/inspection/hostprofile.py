@@ -27,7 +27,7 @@ class GpuSpec:
     compute_capability: tuple[int, int] = (8, 0)
     total_memory_bytes: int | None = None  # per GPU, installed (live probes; None for described hosts)
     # per GPU, per direction, to the node's other GPUs (NVLink, or PCIe peer-to-peer), when described; None: unknown,
-    # and the collectives inside a node are not charged (plan/network.py)
+    # and the plan takes the GPUs' nominal NVLink or PCIe link (plan/network.py [links])
     interconnect_bytes_per_s: float | None = None
 
     @property
