@@ -370,6 +370,11 @@ def still_fits(plan: Plan, strategy) -> bool:
     return candidate_in(plan, strategy).fits
 
 
+# Relative: a 6.7 K-parameter Llama at "ZeRO-3 + opt->cpu 25%" on 4 then 5 GPUs keeps 2.3e-6 of its step more on the
+# CPU (found by hypothesis); whole-sub-group rounding of real models is far below it.
+STEP_TOLERANCE = 1e-5
+
+
 def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvme_bytes: bool = False) -> None:
     """`plans` for growing amounts of one resource. A plan that fits stays fitting, the chosen step is never
     predicted slower, (with `offload_order`) the chosen plan never offloads more of everything (the optimizer, the
@@ -383,7 +388,9 @@ def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvm
         if currently_in_test_context() and larger.chosen and larger.chosen.strategy != smaller.chosen.strategy:
             event(f"{smaller.chosen.strategy.label} -> {larger.chosen.strategy.label}")
         assert still_fits(larger, smaller.chosen.strategy)
-        assert larger.chosen.timing.step_seconds <= smaller.chosen.timing.step_seconds * (1 + 1e-9)
+        # STEP_TOLERANCE: a partial offload keeps whole sub-groups per rank on the GPU (plan/subgroups.py), so one
+        # ratio keeps a share that moves by a sub-group's rounding with the rank count
+        assert larger.chosen.timing.step_seconds <= smaller.chosen.timing.step_seconds * (1 + STEP_TOLERANCE)
         if offload_order:
             before, after = tiers(smaller), tiers(larger)
             assert after == before or not all(a >= b for a, b in zip(after, before, strict=True)), (before, after)
