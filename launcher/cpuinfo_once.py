@@ -31,12 +31,10 @@ def _boot_id() -> str | None:
 def _cached_info(ask, cache: Path) -> dict:
     """`ask()`'s answer for this boot, from `cache` when it holds one, else asked and stored."""
     boot = _boot_id()
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, AttributeError):  # none yet, or a torn one: ask again
         saved = json.loads(cache.read_text())
         if boot and saved.get("boot_id") == boot:
             return saved["info"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
     info = ask()
     if boot:  # a read-only cache costs the next process one more question, nothing else
         with contextlib.suppress(OSError):
