@@ -29,6 +29,10 @@ PRECISIONS = ("auto", "bf16", "fp16")
 ZERO_STAGES = ("auto", "1", "2", "3")
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm")
 OPTIMIZER_STATES = ("fp32", "bf16")
+# What --lora changes of the defaults: a LoRA learns at a higher rate than full fine-tuning (Dettmers et al. 2023,
+# "QLoRA", Appendix B.2: lr 2e-4 for the 7B and 13B models; peft's and LLaMA-Factory's LoRA examples use 1e-4 to
+# 2e-4), so its default is 2e-4 unless --lr is typed or a recipe sets it.
+LORA_MODE_DEFAULTS = {"lr": 2e-4}
 DATA_FORMATS = ("auto", "chat", "instruction", "prompt", "pairs", "text")  # launcher/data/formats.py FORMATS
 
 
@@ -194,6 +198,32 @@ class Settings:
     )
     activation_checkpointing: bool = setting(
         True, "Recompute activations in backward to save memory.", group=Group.PLAN
+    )
+    lora: bool = setting(
+        False,
+        "Train a LoRA adapter (peft) instead of every weight: the base stays frozen in 16-bit, only the adapter's "
+        "r·(in + out) parameters per adapted layer get gradients and Adam states (needs "
+        "pip install 'offload-launch[adapters]'). It changes what is learned, so it is only ever your choice.",
+        group=Group.PLAN,
+    )
+    lora_rank: int = setting(8, "With --lora: the adapter's rank r.", group=Group.PLAN, minimum=1, metavar="R")
+    lora_alpha: float | None = setting(
+        None,
+        "With --lora: the adapter's alpha (its output is scaled by alpha / r) [default: 2 x --lora-rank].",
+        group=Group.PLAN,
+        positive=True,
+        metavar="A",
+    )
+    lora_dropout: float = setting(
+        0.0, "With --lora: dropout on the adapter's input (0 <= P < 1).", group=Group.PLAN, minimum=0, metavar="P"
+    )
+    lora_target: str = setting(
+        "auto",
+        "With --lora: the linear layers to adapt, by name (comma-separated, e.g. q_proj,v_proj), or all-linear "
+        "(every one but the output embedding) [default auto: peft's choice for the model's family, else "
+        "all-linear].",
+        group=Group.PLAN,
+        metavar="NAMES",
     )
     lr: float = setting(2e-5, "Peak learning rate.", group=Group.PLAN, positive=True)
     warmup_steps: int = setting(10, "Linear warm-up steps.", group=Group.PLAN, minimum=0)
@@ -516,6 +546,25 @@ def _activation_offload_needs_checkpointing(values: Mapping[str, object]) -> str
     return None
 
 
+def _lora_options_need_lora(values: Mapping[str, object]) -> str | None:
+    """The --lora-* options shape an adapter: without --lora there is none."""
+    if values.get("lora"):
+        return None
+    changed = [
+        DECLARATIONS[name].flag
+        for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target")
+        if name in values and values[name] != DECLARATIONS[name].default
+    ]
+    return f"{', '.join(changed)} shape a LoRA adapter: add --lora" if changed else None
+
+
+def _lora_dropout_range(values: Mapping[str, object]) -> str | None:
+    dropout = values.get("lora_dropout")
+    if dropout is not None and dropout >= 1:
+        return f"--lora-dropout must be below 1, got {dropout:g}"
+    return None
+
+
 def _model_given(values: Mapping[str, object]) -> str | None:
     if "model" in values and values["model"] is None:
         return "missing --model ID|DIR; pass one, or --recipe NAME (offload-launch recipes lists them)"
@@ -572,6 +621,8 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _bf16_states_need_offload,
     _zenflow_needs_cpu_offload,
     _activation_offload_needs_checkpointing,
+    _lora_options_need_lora,
+    _lora_dropout_range,
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,

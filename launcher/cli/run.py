@@ -54,8 +54,10 @@ def resolve(typed: dict):
 
     recipe = recipes.find(typed["recipe"]).options if typed.get("recipe") else None
     user = read_user_config(typed["ds_config"]) if typed.get("ds_config") else None
-    mode = MODE_DEFAULTS if typed.get("smoke") else None
-    return settings.layer(typed, recipe=recipe, mode=mode, pins=user_pins(user)), user
+    mode = dict(MODE_DEFAULTS) if typed.get("smoke") else {}
+    if typed.get("lora", (recipe or {}).get("lora")):
+        mode |= {key: value for key, value in settings.LORA_MODE_DEFAULTS.items() if key not in (recipe or {})}
+    return settings.layer(typed, recipe=recipe, mode=mode or None, pins=user_pins(user)), user
 
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:
@@ -186,9 +188,11 @@ def summary_text(summary: dict) -> str:
     if summary.get("eval_loss") is not None:
         rows = summary.get("data", {}).get("eval_rows", 0)
         lines.append(f"eval loss: {summary['eval_loss']:.4f} on {rows:,} held-out rows")
-    lines.append(
-        f"model: {summary['final_dir']} ({summary.get('model_class', 'AutoModelForCausalLM')}.from_pretrained)"
-    )
+    model_class = summary.get("model_class", "AutoModelForCausalLM")
+    if summary.get("adapter"):  # a LoRA: OUT/final is a peft adapter folder on top of --model
+        lines.append(f"adapter: {summary['final_dir']} (PeftModel.from_pretrained({model_class}(...), this folder))")
+    else:
+        lines.append(f"model: {summary['final_dir']} ({model_class}.from_pretrained)")
     lines += [f"measured / predicted {name}: {ratio:.2f}" for name, ratio in summary.get("ratios", {}).items()]
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ from launcher.inspection.model_config import (
 )
 
 SHIPPED_PROFILES_DIR = BUNDLED_DIR / "profiles"  # the bundled configs, counted: scripts/count_bundled_models.py
-PROFILE_VERSION = 4  # bump when ModelProfile's fields change: cached profiles are keyed by it
+PROFILE_VERSION = 5  # bump when ModelProfile's fields change: cached profiles are keyed by it
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _LAYER_RE = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.|\.blocks?\.(\d+)\.")
 # ModelProfile.kind: how transformers builds the model, and so what the planner and the trainer make of it
@@ -72,6 +72,24 @@ class ModelProfile:
     # the checkpoint's dtype as its config.json states it ("bfloat16", "float32", ...; "" when it does not say):
     # loaded in another dtype, every rank holds a converted copy (plan/peaks.py [HF-load])
     weights_dtype: str = ""
+    # every linear layer by its leaf name and shape: (leaf name, in features, out features, how many), in the order
+    # first met - what a LoRA targets (plan/adapters.py); nn.Linear and transformers' Conv1D (GPT-2) alike
+    linear_modules: tuple[tuple[str, int, int, int], ...] = ()
+    output_embedding: str = ""  # the output embedding's leaf name ("lm_head"): LoRA's "all-linear" leaves it out
+    # With an adapter (plan/adapters.adapted): the parameters the optimizer owns and their tensors' numels; the
+    # frozen base is the rest of `params`. 0 and (): every parameter trains (full fine-tuning).
+    trainable_params: int = 0
+    trainable_numels: tuple[int, ...] = ()
+
+    @property
+    def optimized_params(self) -> int:
+        """The parameters the optimizer owns: the adapter's with one, else all."""
+        return self.trainable_params or self.params
+
+    @property
+    def optimized_numels(self) -> tuple[int, ...]:
+        """Their tensors' numels, in the order ZeRO-3 forms its optimizer sub-groups."""
+        return self.trainable_numels if self.trainable_params else self.param_numels
 
     @property
     def encoder_layers(self) -> int:
@@ -115,6 +133,7 @@ class ModelProfile:
             "cross_attention_layers": self.cross_attention_layers,
             "attention_dim": self.attention_dim,
             "weights_dtype": self.weights_dtype,
+            "trainable_params": self.optimized_params,
         }
 
 
@@ -169,6 +188,8 @@ class _Counted:
     architecture: str
     embedding: int  # the input embedding table's numel
     decoder_prefix: str | None  # an encoder-decoder's decoder stack, as its parameter names start ("model.decoder")
+    linear_modules: tuple[tuple[str, int, int, int], ...]  # ModelProfile.linear_modules
+    output_embedding: str  # ModelProfile.output_embedding
 
 
 def _count_on_meta(config, kind: str, trust_remote_code: bool) -> _Counted:
@@ -197,7 +218,26 @@ def _count_on_meta(config, kind: str, trust_remote_code: bool) -> _Counted:
     if getattr(config, "is_encoder_decoder", False) and hasattr(model, "get_decoder"):
         decoder = model.get_decoder()
         decoder_prefix = next((n for n, module in model.named_modules() if module is decoder and n), None)
-    return _Counted(named, tied, type(model).__name__, embedding, decoder_prefix)
+    output = next((n.rsplit(".", 1)[-1] for n, m in model.named_modules() if m is out_emb and n), "")
+    return _Counted(named, tied, type(model).__name__, embedding, decoder_prefix, _linear_modules(model), output)
+
+
+def _linear_modules(model) -> tuple[tuple[str, int, int, int], ...]:
+    """(leaf name, in features, out features, count) of every nn.Linear and transformers Conv1D (whose weight is
+    stored (in, out): GPT-2's c_attn), grouped by name and shape in the order first met."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    counts: dict[tuple[str, int, int], int] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
+        elif isinstance(module, Conv1D):
+            key = (name.rsplit(".", 1)[-1], module.weight.shape[0], module.nf)
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    return tuple((*key, count) for key, count in counts.items())
 
 
 def _first(config, *names: str, default: int = 0) -> int:
@@ -251,6 +291,8 @@ def _read_profile(path: Path, location: Path, source: str, name: str) -> ModelPr
     with contextlib.suppress(ValueError, TypeError, KeyError):
         data = json.loads(path.read_text())
         data.update(name=name, source=source, config_dir=str(location), param_numels=tuple(data["param_numels"]))
+        data["linear_modules"] = tuple(tuple(entry) for entry in data.get("linear_modules", ()))
+        data["trainable_numels"] = tuple(data.get("trainable_numels", ()))
         data["has_weights"] = source == "local" and any(any(location.glob(p)) for p in _WEIGHT_PATTERNS)
         return ModelProfile(**data)
     return None
@@ -323,6 +365,8 @@ def _inspect(location: Path, source: str, name: str, trust_remote_code: bool) ->
         cross_attention_layers=cross_attention_layers,
         attention_width=heads * head_dim if heads * head_dim != hidden else 0,
         weights_dtype=_dtype_name(getattr(config, "dtype", None)),  # transformers reads a "torch_dtype" key as dtype
+        linear_modules=counted.linear_modules,
+        output_embedding=counted.output_embedding,
     )
 
 

@@ -235,7 +235,7 @@ def run_identity(plan: Plan, settings: Settings, ds_config: dict, rows) -> dict:
         "model": model_identity(plan),
         "model_shape": {
             "architecture": model.architecture,
-            "params": model.params,
+            "params": model.params - model.trainable_params,  # the base's: an adapter is "lora" below
             "layers": model.num_layers,
             "hidden_size": model.hidden_size,
             "vocab_size": model.vocab_size,
@@ -253,6 +253,7 @@ def run_identity(plan: Plan, settings: Settings, ds_config: dict, rows) -> dict:
         "optimizer": ds_config.get("optimizer"),
         "schedule": scheduler,
         "seed": settings.seed,
+        "lora": plan.lora.to_json() if plan.lora else None,
         "checkpoints": rundir.node_local_root(settings.node_local_checkpoints, rundir.output_dir_of(settings))
         or rundir.SHARED_CHECKPOINTS,
         # with --epochs the steps follow the data: unknown until it is tokenized
@@ -284,6 +285,7 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None, tokeni
         activation_checkpointing=plan.workload.activation_checkpointing,
         offload_activations=plan.chosen.strategy.offload_activations == "cpu",
         nvme_swap_dir=swap,
+        lora=plan.lora.to_json() if plan.lora else None,
         predicted={
             "step_seconds": plan.chosen.timing.step_seconds,
             "calibrated_step_seconds": plan.chosen.timing.calibrated_step_seconds,  # None: no finished runs

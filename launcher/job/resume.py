@@ -28,10 +28,13 @@ IDENTITY_FLAGS = {
     "optimizer": "the optimizer (--lr, --weight-decay, --ds-config)",
     "schedule": "the learning-rate schedule (--warmup-steps, --ds-config)",
     "seed": "--seed (the data order)",
+    "lora": "the adapter (--lora, --lora-rank, --lora-alpha, --lora-dropout, --lora-target)",
     "checkpoints": "where the checkpoints are (--node-local-checkpoints)",
 }
+# keys whose None is a value (no adapter), not "not known yet"
+KNOWN_WHEN_NONE = frozenset({"lora"})
 # what a run recorded before its identity had the key
-IDENTITY_DEFAULTS = {"checkpoints": SHARED_CHECKPOINTS}
+IDENTITY_DEFAULTS = {"checkpoints": SHARED_CHECKPOINTS, "lora": None}
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,11 @@ def resume_changes(previous: dict | None, current: dict, step: int, *, legacy: b
         )
         return ResumeCheck(step, problems=(f"cannot tell whether it fits this run: {why}",))
     previous = {**IDENTITY_DEFAULTS, **previous}
-    changed = [key for key in IDENTITY_FLAGS if current.get(key) is not None and previous.get(key) != current.get(key)]
+    changed = [
+        key
+        for key in IDENTITY_FLAGS
+        if (current.get(key) is not None or key in KNOWN_WHEN_NONE) and previous.get(key) != current.get(key)
+    ]
     problems = [_difference(key, previous.get(key), current.get(key)) for key in changed]
     notes = []
     steps = current["steps"]  # None: --epochs before the data is read (checked again with the data)

@@ -42,6 +42,8 @@ class RunSpec:
     activation_checkpointing: bool = True
     offload_activations: bool = False  # the saved activations in CPU memory (torch.autograd.graph.save_on_cpu)
     nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
+    # the LoRA adapter to train (plan/adapters.Lora.to_json: rank, alpha, dropout, targets); None: every weight trains
+    lora: dict | None = None
     smoke: bool = False  # run the smoke checks (launcher/rank/smoke_checks.py) instead of a training run
     smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts
     predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones

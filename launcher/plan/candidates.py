@@ -90,6 +90,7 @@ def step_shape(model, workload: Workload, micro_batch: int, grad_accum: int) -> 
         vocab=model.vocab_size,
         cross_layers=model.cross_attention_layers,
         attention_width=model.attention_width,
+        trainable=model.trainable_params,
     )
 
 
@@ -147,7 +148,7 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
         has_gpu=host.has_gpu,
         pinned=pinned,
         gpu_share=gpu_share,
-        pipelined_groups=-(-model.params // world // buckets.sub_group_size) if buckets.pipeline else 0,
+        pipelined_groups=-(-model.optimized_params // world // buckets.sub_group_size) if buckets.pipeline else 0,
     )
     step = calibrate(step, (inputs.calibration or {}).get(strategy.label))
     return Candidate(strategy, buckets, estimate, fit_problems(strategy, estimate, host), step)

@@ -141,7 +141,7 @@ def _sized_buckets(
     if strategy.offload_optimizer == "nvme":
         sub_group, buffer_count, pipeline = nvme_optimizer_sizing(model, host, world, ranks, pipeline=nvme_pipeline)
     elif strategy.partial:
-        sub_group = partial_offload_sub_group_size(model.params, world)
+        sub_group = partial_offload_sub_group_size(model.optimized_params, world)
     return Buckets(
         reduce_bucket_size=h * h,
         allgather_bucket_size=h * h,
@@ -173,8 +173,8 @@ def nvme_optimizer_sizing(
     swapper with OPTIMIZER_BUFFER_COUNT buffers of sub-groups as large as the budget allows (fewer, larger
     requests; the serial swap costs the same whatever their number), never below MIN_SUB_GROUP nor above
     DeepSpeed's default."""
-    overshoot = -(-model.largest_param_numel // world)
-    partition = model.params // world
+    overshoot = -(-model_shape_largest(model) // world)
+    partition = model.optimized_params // world
 
     def largest(count: int) -> int:
         budget_numel = SWAP_BUFFER_RAM_FRACTION * host.cpu_memory_bytes / ranks / ((count + 1) * BYTES_FP32)
@@ -191,6 +191,11 @@ def partial_offload_sub_group_size(params: int, world: int) -> int:
     return max(1, min(DEFAULT_SUB_GROUP_SIZE, -(-(params // world) // PARTIAL_OFFLOAD_SUB_GROUPS)))
 
 
+def model_shape_largest(model: ModelProfile) -> int:
+    """The largest tensor the optimizer owns (an adapter's with one)."""
+    return max(model.trainable_numels) if model.trainable_params else model.largest_param_numel
+
+
 def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
     return ModelShape(
         params=model.params,
@@ -203,4 +208,6 @@ def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
         param_numels=model.param_numels,
         cross_attention_layers=model.cross_attention_layers,
         attention_width=model.attention_width,
+        trainable_params=model.trainable_params,
+        trainable_numels=model.trainable_numels,
     )

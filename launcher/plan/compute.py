@@ -26,6 +26,13 @@ Sources:
               device memory; each 16-bit weight is read once per forward and twice per backward (the input
               gradient and the weight gradient), so below ~peak/bandwidth tokens per micro-batch the passes are
               memory-bound, not compute-bound.
+  [LoRA-bwd]  Hu et al. 2021, "LoRA", §4.2: "a 25% speedup during training on GPT-3 175B compared to full fine-tuning
+              as we do not need to calculate the gradient for the vast majority of the parameters" (footnote 5: 32.5
+              against 43.1 tokens/s per V100, 0.754x the time). A frozen weight's backward computes the input
+              gradient only: 2 FLOPs per parameter per token instead of [seeds-F]'s 4, so a frozen base costs
+              4·P (6·P recomputed) and is read from device memory once less ([roofline]); the adapter's own
+              parameters cost the full 6·P (8·P). Where the probe timed full fine-tuning's passes, they are scaled by
+              the FLOPs' ratio (an assumption: the passes scale with their FLOPs).
   [non-matmul] The elementwise work of a block (normalisations, rotary embedding, activation, residual adds,
               casts, head reshapes) moves bytes in proportion to tokens x hidden and computes almost nothing, so
               it runs at device memory bandwidth. Counted for a Llama block in eager PyTorch (HF transformers):
@@ -69,13 +76,20 @@ WEIGHT_READS_RECOMPUTE = 4
 
 
 def flops_per_token(
-    params: int, recompute: bool, layers: int = 0, hidden: int = 0, seq_len: int = 0, cross_layers: int = 0
+    params: int,
+    recompute: bool,
+    layers: int = 0,
+    hidden: int = 0,
+    seq_len: int = 0,
+    cross_layers: int = 0,
+    frozen: int = 0,
 ) -> int:
     """[seeds-F] 6·P (forward 2·P + backward 4·P), 8·P when activations are recomputed; plus [Narayanan] the
     attention's 12·L·s·d (16·L·s·d recomputed), when the shape is given (`hidden`: the attention width d). An
     encoder-decoder ([enc-dec]): per source-target pair of positions, P both stacks' parameters, L both stacks'
-    blocks, and `cross_layers` more attention sublayers, the decoder's cross-attention."""
-    weights = (8 if recompute else 6) * params
+    blocks, and `cross_layers` more attention sublayers, the decoder's cross-attention. [LoRA-bwd] `frozen` of the
+    `params` have no weight gradient: 2 FLOPs less each."""
+    weights = (8 if recompute else 6) * params - 2 * frozen
     attention = (16 if recompute else 12) * (layers + cross_layers) * seq_len * hidden
     return weights + attention
 
@@ -84,15 +98,19 @@ def compute_seconds(shape: Shape, rates: Rates) -> float:
     """The passes' own work per optimizer step (M micro-batches): measured at the model's shapes when the probe
     timed them (L x a block + the rest), else [seeds-F]/[Narayanan] FLOPs at the device's rate, no faster than
     the [roofline] floor of streaming the weights from device memory."""
+    width = shape.attention_width or shape.hidden
+    flops = flops_per_token(
+        shape.compute_params, shape.recompute, shape.layers, width, shape.seq_len, shape.cross_layers, shape.frozen
+    )
     if rates.passes_per_layer_seconds is not None and rates.passes_fixed_seconds is not None:
         per_micro_batch = shape.layers * rates.passes_per_layer_seconds + rates.passes_fixed_seconds
         scale = shape.tokens_per_micro_batch / rates.passes_tokens if rates.passes_tokens else 1.0
+        if shape.frozen:  # [LoRA-bwd] the probe timed full fine-tuning's passes
+            scale *= flops / flops_per_token(
+                shape.compute_params, shape.recompute, shape.layers, width, shape.seq_len, shape.cross_layers
+            )
         return per_micro_batch * scale * shape.grad_accum  # another micro-batch (batch advice): in proportion
     tokens = shape.tokens_per_micro_batch * shape.grad_accum
-    width = shape.attention_width or shape.hidden
-    flops = flops_per_token(
-        shape.compute_params, shape.recompute, shape.layers, width, shape.seq_len, shape.cross_layers
-    )
     t_flops = flops * tokens / rates.compute_flops_per_s
     bandwidth = rates.device_memory_bytes_per_s
     if not bandwidth:
@@ -101,14 +119,16 @@ def compute_seconds(shape: Shape, rates: Rates) -> float:
     per_token = NONMATMUL_BYTES_PER_HIDDEN * shape.layers + NONMATMUL_CROSS_BYTES_PER_HIDDEN * shape.cross_layers
     t_elementwise = passes * per_token * shape.hidden * tokens / bandwidth
     reads = WEIGHT_READS_RECOMPUTE if shape.recompute else WEIGHT_READS
-    t_weights = reads * BYTES_16BIT * shape.compute_params * shape.grad_accum / bandwidth
+    # [LoRA-bwd] a frozen weight is read once less: no weight gradient
+    t_weights = (reads * shape.compute_params - shape.frozen) * BYTES_16BIT * shape.grad_accum / bandwidth
     return max(t_flops, t_weights) + t_elementwise
 
 
-def backward_share(recompute: bool) -> float:
+def backward_share(recompute: bool, frozen_share: float = 0.0) -> float:
     """The backward's share of a micro-batch's compute: 4·P of 6·P FLOPs per token, 6·P of 8·P when the forward is
-    recomputed in it ([seeds-F])."""
-    return 0.75 if recompute else 2 / 3
+    recomputed in it ([seeds-F]); [LoRA-bwd] 2 FLOPs less per frozen parameter (`frozen_share` of them)."""
+    backward = (6 if recompute else 4) - 2 * frozen_share
+    return backward / (backward + 2)
 
 
 def device_optimizer_seconds(params: int, world: int, rates: Rates) -> float:

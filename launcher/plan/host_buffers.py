@@ -189,7 +189,7 @@ def pinned_host_terms(
     Rounding applies only on CUDA (`cuda`): on DeepSpeed's CPU accelerator `pin_memory()` is a no-op and the
     sizes are exact. The offload buffers are pinned only with `pin_memory` (offload_*.pin_memory); ZeRO-3's
     flat 16-bit parameter buffer is pinned whatever pin_memory says."""
-    p, n = shape.params, world
+    p, n, largest = shape.optimized, world, shape.largest_optimized_numel  # the optimizer's: memory.py [DS-frozen]
     partition = p // n
     terms: dict[str, int] = {}
     offload_pinned: list[int] = []  # byte sizes of the allocations pinned when pin_memory is on
@@ -198,19 +198,19 @@ def pinned_host_terms(
         # stage_1_and_2.py: a 16-bit copy of the partition to upload the updated weights from, and a 16-bit
         # buffer of the largest param for the gradients on their way down; both exist unpinned too.
         terms["16-bit staging partition"] = BYTES_16BIT * partition
-        terms["gradient staging buffer (largest param)"] = BYTES_16BIT * shape.largest_param_numel
+        terms["gradient staging buffer (largest param)"] = BYTES_16BIT * largest
         offload_pinned += [
             strategy.state_bytes * partition,  # the master partition (inside the optimizer states term)
             strategy.state_bytes * partition,  # the optimizer's gradient partition
             BYTES_16BIT * partition,
-            BYTES_16BIT * shape.largest_param_numel,
+            BYTES_16BIT * largest,
         ]
         if grad_accum > 1:
             # `accumulated_grads_in_cpu`: one 16-bit buffer of the whole param per param of this partition,
             # each its own allocation; the partition's two boundary params are counted whole.
-            accumulation = BYTES_16BIT * (partition + 2 * shape.largest_param_numel)
+            accumulation = BYTES_16BIT * (partition + 2 * largest)
             if cuda and pin_memory:
-                accumulation += sum(pinned_bytes(2 * k, round_limit) - 2 * k for k in shape.param_numels) // n
+                accumulation += sum(pinned_bytes(2 * k, round_limit) - 2 * k for k in shape.optimized_numels) // n
             terms["gradient accumulation buffers"] = accumulation
     if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
         # stage3.py `grad_partitions_flat_buffer`: the 16-bit gradient partitions, on the CPU when the
@@ -218,13 +218,14 @@ def pinned_host_terms(
         terms["16-bit gradient partition"] = BYTES_16BIT * partition
         offload_pinned.append(BYTES_16BIT * partition)
         if strategy.offload_optimizer == "cpu":
-            subgroup = optimizer_subgroup_numel(p, n, buckets.sub_group_size, shape.largest_param_numel)
+            subgroup = optimizer_subgroup_numel(p, n, buckets.sub_group_size, largest)
             # one pinned gradient buffer per sub-group on the CPU: the gradient partition term
             _, groups = split_subgroups(partition, buckets.sub_group_size, subgroup, strategy.offload_ratio)
             offload_pinned += [strategy.state_bytes * k for k in groups]
     if strategy.zero_stage >= 3 and strategy.offload_param != "none":
         # `_create_param_groups_fp16_flat_cpu_memory`: "fp16 weights" (CPU) or "params kept in CPU"
-        flat = p // n if strategy.offload_param == "cpu" else min(p // n, buckets.max_in_cpu)
+        weights = shape.params // n  # every parameter's partition, frozen or not (memory.py [DS-frozen])
+        flat = weights if strategy.offload_param == "cpu" else min(weights, buckets.max_in_cpu)
         always_pinned.append(BYTES_16BIT * flat)
     pinned = ((offload_pinned if pin_memory else []) + always_pinned) if cuda else []
     overhead = sum(pinned_bytes(b, round_limit) - b for b in pinned)
@@ -264,10 +265,10 @@ def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *
     buffer (CPU) or the optimizer's pinned swap buffers and the first step's moments on their way to them (NVMe,
     [DS-lazy]), and the parameter swap buffers with the parameters kept in CPU (`max_in_cpu`) when parameters swap
     to NVMe."""
-    p = shape.params
+    p = shape.optimized
     terms: dict[str, int] = {}
     if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
-        subgroup = optimizer_subgroup_numel(p, world, buckets.sub_group_size, shape.largest_param_numel)
+        subgroup = optimizer_subgroup_numel(p, world, buckets.sub_group_size, shape.largest_optimized_numel)
         if strategy.offload_optimizer == "nvme":
             terms["optimizer swap buffers (pinned)"] = optimizer_swap_buffer_bytes(
                 subgroup, buckets.optimizer_buffer_count
@@ -281,7 +282,7 @@ def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *
         terms["param swap buffers (pinned)"] = param_swap_buffer_bytes(
             buckets.param_buffer_count, buckets.param_buffer_size
         )
-        terms["params kept in CPU (max_in_cpu)"] = min(buckets.max_in_cpu, p // world) * BYTES_16BIT
+        terms["params kept in CPU (max_in_cpu)"] = min(buckets.max_in_cpu, shape.params // world) * BYTES_16BIT
     return terms
 
 
@@ -379,5 +380,5 @@ def offload_host_terms(
     if strategy.super_offload:
         terms |= super_offload_host_terms()
     if strategy.zenflow_interval:
-        terms |= zenflow_host_terms(shape.params, world)
+        terms |= zenflow_host_terms(shape.optimized, world)
     return terms

@@ -39,6 +39,13 @@ subgroups.py [Twin-Flow]; the offload machinery's host buffers and processes: ho
             terms and a layer norm's input: s·b·(5·h + 8·d) bytes (13·s·b·h where d = h); the encoder's output,
             which every decoder block reads, is held once (2·s·b·h). One stack (a causal LM, an encoder such as
             BERT) is the case of no cross-attention sublayers.
+  [DS-frozen] DeepSpeed utils.py `is_optimized_parameter` (requires_grad and numel > 0): frozen parameters are left
+            out of the optimizer's groups, so ZeRO builds 16-bit gradients, fp32 masters, gradient partitions and
+            Adam states for the trainable ones only (stage_1_and_2.py __init__'s `bit16_groups`, stage3.py
+            `_get_trainable_parameter_groups`). The frozen weights stay where the stage puts every weight: whole on
+            every GPU at ZeRO-1/2 (engine.py `_configure_distributed_model` moves the module to the device; only
+            stage 3 takes offload_param), partitioned over N (and offloadable) at ZeRO-3, which converts every
+            module parameter, frozen or not (parameter_offload.py `_convert_to_zero_parameters`).
   [DS-live] DeepSpeed partitioned_param_coordinator.py: `fetch_sub_module` gathers the current module's
             params unconditionally, then prefetches `min(max_n_available_params - n_available_params,
             prefetch_bucket_sz)` elements (the loop overshoots by one param); `__params_to_release` keeps every
@@ -130,23 +137,26 @@ class MemoryEstimate:
 # ------------------------------------------------------------------------------------- model states
 
 
-def model_states(params: int, strategy: Strategy, world: int) -> dict[str, dict[str, int]]:
+def model_states(params: int, strategy: Strategy, world: int, trainable: int = 0) -> dict[str, dict[str, int]]:
     """The seeds' 16 B/param budget placed on tiers and partitioned by ZeRO stage (strategy.py [seeds], [ZeRO]).
+    With an adapter ([DS-frozen]: `trainable` of the `params`) the 2 B weights are every parameter's, the
+    gradients' 2 B and the optimizer's 12 B the trainable ones' only.
 
     Returns {"gpu": {...}, "cpu": {...}, "nvme": {...}} in bytes *per rank*. This is the textbook split
     (7B ZeRO-Offload: 14 GB GPU + 98 GB CPU); `estimate()` adds what DeepSpeed really allocates on top.
     """
     stage, n = strategy.zero_stage, world
+    optimized = trainable or params
     weights = BYTES_16BIT * params // (n if stage >= 3 else 1)
-    grads = BYTES_16BIT * params // (n if stage >= 2 else 1)
+    grads = BYTES_16BIT * optimized // (n if stage >= 2 else 1)
     # partitioned from stage 1 on; master, m, v of 2 B each with bf16 states (strategy.py [DS-bf16s])
-    optimizer = OPTIMIZER_BYTES_PER_PARAM * params // n * strategy.state_bytes // BYTES_FP32
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * optimized // n * strategy.state_bytes // BYTES_FP32
     tiers: dict[str, dict[str, int]] = {"gpu": {}, "cpu": {}, "nvme": {}}
     param_tier = "gpu" if strategy.offload_param == "none" else strategy.offload_param
     optimizer_tier = "gpu" if strategy.offload_optimizer == "none" else strategy.offload_optimizer
     tiers[param_tier]["fp16 weights"] = weights
     # With the optimizer offloaded, gradients stream to where the update runs (strategy.py [seeds] ZeRO-Offload).
-    tiers[optimizer_tier]["fp16 gradients"] = grads if optimizer_tier == "gpu" else BYTES_16BIT * params // n
+    tiers[optimizer_tier]["fp16 gradients"] = grads if optimizer_tier == "gpu" else BYTES_16BIT * optimized // n
     tiers[optimizer_tier][strategy.states_term] = optimizer
     return tiers
 
@@ -239,8 +249,8 @@ def _states_by_tier(
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """(GPU, CPU, NVMe) per-rank model states: model_states with the optimizer's gradient partition at its real
     width ([DS-fp32g]) and a partial offload's GPU share (subgroups.py [Twin-Flow]) moved to the device."""
-    p, n = shape.params, world
-    states = model_states(p, strategy, n)
+    p, n = shape.optimized, world
+    states = model_states(shape.params, strategy, n, shape.trainable_params)
     gpu: dict[str, int] = dict(states["gpu"])
     cpu_per_rank: dict[str, int] = dict(states["cpu"])
     nvme_per_rank: dict[str, int] = dict(states["nvme"])
@@ -298,7 +308,7 @@ def _device_terms(
     if has_gpu:
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES
     if strategy.zenflow_interval:
-        gpu |= zenflow_device_terms(p, world)
+        gpu |= zenflow_device_terms(shape.optimized, world)
     return gpu
 
 

@@ -102,14 +102,17 @@ def reduces_every_micro_batch(strategy: Strategy) -> bool:
     return strategy.zero_stage >= 2 or bool(strategy.zenflow_interval)
 
 
-def collectives(params: int, strategy: Strategy, world: int, grad_accum: int) -> Collectives:
+def collectives(params: int, strategy: Strategy, world: int, grad_accum: int, trainable: int = 0) -> Collectives:
     """[DS-12] [DS-3] with [busbw]'s (n-1)/n per reduce-scatter or all-gather and twice that per all-reduce, of the
-    model's 16-bit parameters or gradients (2 B/param); nothing with one rank."""
+    model's 16-bit parameters or gradients (2 B/param); nothing with one rank. With an adapter (`trainable` of the
+    `params`, memory.py [DS-frozen]) only its gradients are reduced and its weights gathered after the step; ZeRO-3
+    still gathers every parameter, frozen or not, for each pass."""
     if world <= 1:
         return Collectives()
-    once = (world - 1) / world * BYTES_16BIT * params  # one reduce-scatter or all-gather of the whole model
+    gathered = (world - 1) / world * BYTES_16BIT * params  # one all-gather of the whole model
+    once = (world - 1) / world * BYTES_16BIT * (trainable or params)  # ... of what the optimizer owns
     if strategy.zero_stage >= 3:
-        return Collectives(reduce=round(once * grad_accum), gathers=round(2 * once * grad_accum))
+        return Collectives(reduce=round(once * grad_accum), gathers=round(2 * gathered * grad_accum))
     reductions = grad_accum if reduces_every_micro_batch(strategy) else 1
     gathered = once / strategy.zenflow_interval if strategy.zenflow_interval else once
     return Collectives(reduce=round(2 * once * reductions), update=round(gathered))
@@ -133,13 +136,14 @@ def collective_times(
     """One step's collectives at the ring's rate and what each phase pays ([overlap]): the reductions beyond the
     backward of the micro-batches that make them, the ZeRO-3 gathers in full in the passes, the all-gather after the
     step in the update. Nothing when no link bounds the ring."""
-    moved = collectives(shape.params, strategy, world, shape.grad_accum)
+    moved = collectives(shape.params, strategy, world, shape.grad_accum, shape.trainable)
     rate = ring_bytes_per_s(rates, world, ranks_per_node)
     if not rate or not moved.total:
         return CollectiveTimes(bytes=moved.total)
     t_reduce, t_gathers, t_update = (b / rate for b in (moved.reduce, moved.gathers, moved.update))
     reducing = 1.0 if reduces_every_micro_batch(strategy) else 1 / shape.grad_accum
-    window = t_compute * backward_share(shape.recompute) * reducing
+    frozen_share = shape.frozen / shape.compute_params if shape.compute_params else 0.0
+    window = t_compute * backward_share(shape.recompute, frozen_share) * reducing
     return CollectiveTimes(
         bytes=moved.total,
         seconds=t_reduce + t_gathers + t_update,

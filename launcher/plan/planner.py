@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
-from launcher.plan import capacity, features, network
+from launcher.plan import capacity, features, methods, network
+from launcher.plan.adapters import Lora, adapted
 from launcher.plan.candidates import Candidate, Inputs, estimate_candidate, pins_host_memory
 from launcher.plan.modes import (
     FULL_OFFLOAD,
@@ -85,6 +86,10 @@ class Plan:
     alloc_conf: str | None = None
     # what 16-bit optimizer states would allow when the fp32 ones fit only on NVMe or not at all (states_hint)
     states_hint: str | None = None
+    lora: Lora | None = None  # the LoRA adapter trained (adapters.py; `model` is then adapters.adapted's profile)
+    # the other training method on the same host (methods.method_advice): what LoRA would cost where full
+    # fine-tuning needs offload, or what full fine-tuning would need with --lora
+    method_advice: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -119,6 +124,9 @@ class Plan:
                 "tokens_per_step": self.tokens_per_step,
                 "precision": self.precision,
                 "activation_checkpointing": self.workload.activation_checkpointing,
+                "lora": (self.lora.to_json() | {"trainable_params": self.model.trainable_params})
+                if self.lora
+                else None,
             },
             "strategy": chosen.strategy.to_json() | {"label": chosen.strategy.label} if chosen else None,
             "memory": chosen.memory.to_json() if chosen else None,
@@ -139,6 +147,7 @@ class Plan:
                 "sources": dict(rates.sources),
             },
             "advice": self.advice,
+            "method_advice": self.method_advice,
             "candidates": [c.to_json() for c in self.candidates],
             "reasons": list(self.reasons),
             "warnings": list(self.warnings),
@@ -159,6 +168,7 @@ def make_plan(
     calibration: dict | None = None,
     deepspeed_version: tuple[int, int, int] | None = None,
     buckets: dict | None = None,
+    advise_methods: bool = True,
 ) -> Plan:
     """Every allowed candidate sized and timed; the fastest predicted that fits is chosen (ties keep the
     framework's order). `rates`: the host's (job/planning.py: measured, described or nominal figures); `alloc_conf`
@@ -166,8 +176,10 @@ def make_plan(
     `calibration` (strategy label -> calibration.Factors): finished runs on this host, whose measured phases
     scale the candidates of their strategy (the first-principles figures stay beside them); `deepspeed_version`:
     the installed DeepSpeed's, which gates the newer modes (features.py; None: all of them); `buckets`: the buffer
-    sizes a user's ds_config sets (config/merge.bucket_pins), which the candidates are sized with."""
+    sizes a user's ds_config sets (config/merge.bucket_pins), which the candidates are sized with;
+    `advise_methods`: say what the other training method would cost (methods.py), planned here once more."""
     resolved = resolve(workload, model, host)
+    base_model, model = model, adapted(model, resolved.lora)
     ranks = resolved.ranks_per_node
     linked = network.with_links(rates, host, ranks)  # the collectives' links (plan/network.py)
     inputs = Inputs(model, host, resolved.workload, linked, resolved.world, ranks, alloc_conf, calibration, buckets)
@@ -184,6 +196,9 @@ def make_plan(
         pin, pin_warning = decide_pin_memory(chosen, host, ranks)
         warnings += pin_warning
         advice = batch_advice(inputs, chosen)
+    other = None
+    if advise_methods:
+        other = _method_advice(base_model, host, workload, rates, aio, alloc_conf, deepspeed_version, chosen)
     return Plan(
         model,
         host,
@@ -200,6 +215,28 @@ def make_plan(
         aio,
         alloc_conf,
         hint,
+        resolved.lora,
+        other,
+    )
+
+
+def _method_advice(
+    model: ModelProfile,
+    host: HostProfile,
+    workload: Workload,
+    rates: Rates,
+    aio: dict | None,
+    alloc_conf: str | None,
+    deepspeed_version: tuple[int, int, int] | None,
+    chosen: Candidate | None,
+) -> dict | None:
+    """methods.py: the other training method planned on the same host (`model` without the adapter), in a few
+    figures; None when it is not worth saying."""
+    if not methods.worth_advising(workload, chosen is not None and chosen.strategy.offloads, chosen is not None):
+        return None
+    other = methods.other_method(workload)
+    return methods.summary(
+        make_plan(model, host, other, rates, aio, alloc_conf, deepspeed_version=deepspeed_version, advise_methods=False)
     )
 
 

@@ -25,6 +25,24 @@ class ModelShape:
     # memory.py [enc-dec] decoder blocks with a cross-attention sublayer; 0: one stack
     cross_attention_layers: int = 0
     attention_width: int = 0  # memory.py [Korth] heads x head_dim where it differs from hidden_size; 0: hidden_size
+    # adapters.py: the parameters the optimizer owns and their tensors (a LoRA's); 0 and (): all of them
+    trainable_params: int = 0
+    trainable_numels: tuple[int, ...] = ()
+
+    @property
+    def optimized(self) -> int:
+        """The parameters with gradients, fp32 masters and Adam states: the adapter's, else all."""
+        return self.trainable_params or self.params
+
+    @property
+    def optimized_numels(self) -> tuple[int, ...]:
+        """Their tensors' numels (ZeRO-3's optimizer sub-groups and ZeRO-1/2's per-parameter buffers)."""
+        return self.trainable_numels if self.trainable_params else self.param_numels
+
+    @property
+    def largest_optimized_numel(self) -> int:
+        """The largest tensor the optimizer owns."""
+        return max(self.trainable_numels) if self.trainable_params else self.largest_param_numel
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,17 @@ class Shape:
     vocab: int = 0  # the logits' width (traffic.py [act-offload] moves the fp32 logits the loss keeps)
     cross_layers: int = 0  # compute.py [enc-dec] decoder blocks with a cross-attention sublayer (0: one stack)
     attention_width: int = 0  # compute.py [Narayanan] heads x head_dim where it differs from `hidden`; 0: `hidden`
+    trainable: int = 0  # adapters.py: the parameters that get weight gradients and an optimizer step; 0: all
+
+    @property
+    def optimized(self) -> int:
+        """The parameters the optimizer steps and the gradients reduce: the adapter's, else all."""
+        return self.trainable or self.params
+
+    @property
+    def frozen(self) -> int:
+        """Compute parameters with no weight gradient (a LoRA's base): compute.py [LoRA-bwd]."""
+        return self.compute_params - self.trainable if self.trainable else 0
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -54,11 +54,12 @@ def stage3_subgroups(shape: ModelShape, world: int, sub_group_size: int) -> list
     (ceil(numel / N), `partition_numel()`) added in order until a group reaches sub_group_size; the whole
     partition is one group when sub_group_size is not below it. Without the tensors' sizes, the bound of
     stage3_subgroup_numels."""
-    if not shape.param_numels:
-        partition = shape.params // world
-        subgroup = optimizer_subgroup_numel(shape.params, world, sub_group_size, shape.largest_param_numel)
+    if not shape.optimized_numels:
+        partition = shape.optimized // world
+        subgroup = optimizer_subgroup_numel(shape.optimized, world, sub_group_size, shape.largest_optimized_numel)
         return stage3_subgroup_numels(partition, sub_group_size, subgroup)
-    partitions = [-(-numel // world) for numel in shape.param_numels]
+    # the trainable tensors only (memory.py [DS-frozen]: stage3.py `_get_trainable_parameter_groups`)
+    partitions = [-(-numel // world) for numel in shape.optimized_numels]
     if sub_group_size >= sum(partitions):
         return [sum(partitions)]
     groups, size = [], 0

@@ -153,9 +153,9 @@ def step_terms(
 ) -> StepTerms:
     """Every term of one optimizer step (`estimate_step` explains the arguments); [Twin-Flow] (compute.py) only the
     host's share of the optimizer uploads its weights and runs DeepSpeed's host copies."""
-    params, accum = shape.params, shape.grad_accum
+    params, accum = shape.optimized, shape.grad_accum  # the optimizer's parameters (an adapter's, with one)
     t_compute = compute_seconds(shape, rates)
-    moved = transfers(params, strategy, world, accum)
+    moved = transfers(shape.params, strategy, world, accum, shape.trainable)
     host_share = 1.0 - gpu_share  # [Twin-Flow] what CPU-Adam steps, and uploads after
     moved = replace(moved, weights=int(moved.weights * host_share))
     t_host_passes, t_host_update = _host_copies(
@@ -166,7 +166,7 @@ def step_terms(
     pcie_rate = rates.host_device_bytes_per_s(pinned)
     t_gradients, t_fetches, t_weights = (b / pcie_rate for b in (moved.gradients, moved.fetches, moved.weights))
     no_offload = strategy.offload_optimizer == "none"
-    fetched, (read, write) = nvme_parts(params, strategy, world, ranks_per_node, accum)
+    fetched, (read, write) = nvme_parts(shape.params, strategy, world, ranks_per_node, accum, shape.trainable)
     t_nvme_passes, t_nvme_update = nvme_seconds(fetched, read, write, rates)
     return StepTerms(
         compute=t_compute,
@@ -316,7 +316,7 @@ def estimate_step(
     `gpu_share`: the optimizer's share a partial offload keeps on the GPU (memory.optimizer_gpu_share); 0 on the
     CPU accelerator, where that "device" is the CPU and DeepSpeed steps every sub-group with CPU-Adam (stage3.py
     `_optimizer_step`: cur_device == 'cpu')."""
-    params = shape.params
+    params = shape.optimized
     t = step_terms(
         shape,
         strategy,

@@ -68,24 +68,25 @@ class Transfers:
         return self.gradients + self.fetches + self.weights
 
 
-def transfers(params: int, strategy: Strategy, world: int, grad_accum: int) -> Transfers:
+def transfers(params: int, strategy: Strategy, world: int, grad_accum: int, trainable: int = 0) -> Transfers:
     """Optimizer offloaded: gradients down (2 B/param, overlapped with backward) and updated weights up
     (2 B/param, after the CPU step) [seeds-B]. Parameters offloaded: the 16-bit partition is fetched for
     the forward and again for the backward of every micro-batch (2 x 2 B/param) [ZeRO-Inf]; with the optimizer
     on the host the updated weights then stay there (no upload); with the optimizer on the GPU the updated
     partition goes back down (2 B/param). The fetches are charged in full: prefetching hides only part of them
     in practice (DeepSpeed issue 3901, Falcon-7B on 8 x A100: ZeRO-3 2.86 s/step, with parameter offload
-    6.05 s/step)."""
-    partition = params // world
+    6.05 s/step). With an adapter (`trainable` of the `params`: memory.py [DS-frozen]) only its gradients and
+    weights move after the backward; the frozen base is fetched like any parameter."""
+    partition, optimized = params // world, (trainable or params) // world
     gradients = fetches = weights = 0
     if strategy.offload_optimizer != "none":
-        gradients = BYTES_16BIT * partition
+        gradients = BYTES_16BIT * optimized
         if strategy.offload_param == "none":
-            weights = BYTES_16BIT * partition
+            weights = BYTES_16BIT * optimized
     if strategy.offload_param != "none":
         fetches = 2 * BYTES_16BIT * partition * grad_accum
         if strategy.offload_optimizer == "none":
-            weights = BYTES_16BIT * partition
+            weights = BYTES_16BIT * optimized
     return Transfers(gradients, fetches, weights)
 
 
@@ -118,18 +119,20 @@ def nvme_bytes(params: int, strategy: Strategy, world: int, ranks_per_node: int,
 
 
 def nvme_parts(
-    params: int, strategy: Strategy, world: int, ranks_per_node: int, grad_accum: int
+    params: int, strategy: Strategy, world: int, ranks_per_node: int, grad_accum: int, trainable: int = 0
 ) -> tuple[int, tuple[int, int]]:
-    """(parameter reads in the passes, (read, write) in the update) NVMe bytes per node per step [ZeRO-Inf]."""
+    """(parameter reads in the passes, (read, write) in the update) NVMe bytes per node per step [ZeRO-Inf]; with an
+    adapter (`trainable`) the optimizer's states and the updated weights are the adapter's only."""
     per_node = params * ranks_per_node // world
+    optimized = (trainable or params) * ranks_per_node // world
     fetched = read = write = 0
     if strategy.offload_optimizer == "nvme":
-        state = OPTIMIZER_BYTES_PER_PARAM * per_node  # master, m, v: in before the step, out after it
+        state = OPTIMIZER_BYTES_PER_PARAM * optimized  # master, m, v: in before the step, out after it
         read += state
         write += state
     if strategy.offload_param == "nvme":
         fetched = 2 * BYTES_16BIT * per_node * grad_accum  # forward + backward fetches
-        write += BYTES_16BIT * per_node  # updated weights
+        write += BYTES_16BIT * optimized  # updated weights
     return fetched, (read, write)
 
 

@@ -11,6 +11,7 @@ from launcher import settings
 from launcher.errors import UserInputError
 from launcher.inspection.hostprofile import HostProfile
 from launcher.inspection.model import ModelProfile
+from launcher.plan.adapters import Lora, resolve_targets
 from launcher.plan.strategy import Strategy
 
 DEFAULTS = settings.defaults()  # the workload's defaults are the settings' own
@@ -42,6 +43,11 @@ class Workload:
     gradient_clipping: float = 1.0
     weight_decay: float = 0.0
     allow_long_seq: bool = DEFAULTS["allow_long_seq"]
+    lora: bool = DEFAULTS["lora"]  # adapters.py: a LoRA adapter trains, the base is frozen
+    lora_rank: int = DEFAULTS["lora_rank"]
+    lora_alpha: float | None = DEFAULTS["lora_alpha"]  # None: 2 x lora_rank
+    lora_dropout: float = DEFAULTS["lora_dropout"]
+    lora_target: str = DEFAULTS["lora_target"]  # "auto", "all-linear" or leaf names, comma-separated
 
     def __post_init__(self) -> None:
         settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
@@ -97,6 +103,8 @@ class Resolved:
     """--num-gpus, else every GPU of a node (1 rank on the CPU accelerator)."""
     nodes: int
     """The host's nodes."""
+    lora: Lora | None = None
+    """The LoRA adapter with its targets resolved for the model (adapters.resolve_targets); None: full fine-tuning."""
 
     @property
     def seq_len(self) -> int:
@@ -122,7 +130,17 @@ def resolve(workload: Workload, model: ModelProfile, host: HostProfile) -> Resol
             if host.has_gpu
             else "--optimizer-states bf16 needs bf16 training: drop --precision fp16"
         )
-    return Resolved(workload, precision, ranks, host.nodes)
+    return Resolved(workload, precision, ranks, host.nodes, lora_of(workload, model))
+
+
+def lora_of(workload: Workload, model: ModelProfile) -> Lora | None:
+    """The workload's LoRA for this model (adapters.py): its targets resolved, alpha 2·r unless given (the
+    LLaMA-Factory and axolotl examples' choice; peft's own default is 8 whatever r)."""
+    if not workload.lora:
+        return None
+    alpha = workload.lora_alpha if workload.lora_alpha is not None else 2.0 * workload.lora_rank
+    targets = resolve_targets(model, workload.lora_target)
+    return Lora(workload.lora_rank, alpha, workload.lora_dropout, targets)
 
 
 def training_precision(requested: str, host: HostProfile) -> str:

@@ -25,6 +25,7 @@ from launcher.drills import kill_point
 from launcher.files import folder_bytes, write_json_atomic
 from launcher.job.rundir import COMPLETE_MARKER, complete_checkpoints, discard_incomplete
 from launcher.job.spec import RunSpec, node_rank
+from launcher.rank.adapter import check_checkpoint_keys
 from launcher.units import fmt_bytes
 
 CHECKPOINT_BYTES_PER_PARAM = 2 + 12  # 16-bit module + fp32 master and Adam's two moments (ZeRO paper, 16 B - grads)
@@ -171,7 +172,9 @@ class CheckpointStore:
         """Whether every rank's disk has room for the next checkpoint; warns when one has not."""
         import torch
 
-        params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        # an adapter's checkpoint holds the adapter alone (exclude_frozen_parameters, `write`)
+        saved = [p for p in self.engine.module.parameters() if p.requires_grad or not self.spec.lora]
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in saved)
         needed = checkpoint_bytes(self.directory, params)
         free = shutil.disk_usage(self.directory).free
         room = torch.tensor([1 if free >= needed else 0], device=self.engine.device)
@@ -186,13 +189,23 @@ class CheckpointStore:
 
     def write(self, folder: Path, tag: str, step: int) -> None:
         """DeepSpeed's save_checkpoint (with the optimizer on NVMe it also copies the swap files - fp32
-        weights and Adam's moments - into TAG/offloaded_tensors). Collective: every rank calls it."""
-        self.engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step})
+        weights and Adam's moments - into TAG/offloaded_tensors). Collective: every rank calls it. An adapter's
+        checkpoint leaves the frozen base out (DeepSpeed's exclude_frozen_parameters: at ZeRO-2/3 it would otherwise
+        write the 16-bit base, at ZeRO-2 twice - engine.py `_save_checkpoint`, save_frozen_param); the base comes
+        back from --model on resume."""
+        self.engine.save_checkpoint(
+            str(folder), tag=tag, client_state={"step": step}, exclude_frozen_parameters=bool(self.spec.lora)
+        )
 
     def load(self, folder: Path, tag: str):
         """DeepSpeed's load_checkpoint, then - with ZeRO-3 and the optimizer on NVMe - what that load leaves
         stale restored from the checkpoint (restore_swapped_load), one optimizer sub-group at a time."""
-        load_path, client_state = self.engine.load_checkpoint(str(folder), tag=tag)
+        # An adapter's checkpoint has no frozen keys (`write`), which a strict load refuses as missing; the keys it
+        # does have are checked instead (adapter.check_checkpoint_keys).
+        adapter = bool(self.spec.lora)
+        load_path, client_state = self.engine.load_checkpoint(str(folder), tag=tag, load_module_strict=not adapter)
+        if load_path is not None and adapter:
+            check_checkpoint_keys(self.engine, folder, tag)
         if load_path is not None and self._optimizer_swapped():
             saved = self._saved_zero_state(folder, tag)
             self._refresh_16bit_weights(saved)

@@ -21,13 +21,14 @@ from pathlib import Path
 from launcher.data.sampling import BlockOrder
 from launcher.drills import kill_point
 from launcher.files import folder_bytes, write_json_atomic
-from launcher.inspection.model import AUTO_CLASSES, auto_class
+from launcher.inspection.model import AUTO_CLASSES
 from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec, node_rank
-from launcher.measure.passes import enable_recompute
+from launcher.rank import adapter
 from launcher.rank.checkpoints import CheckpointStore, trim_metrics
-from launcher.rank.export import drop_optimizer_state, export_final
+from launcher.rank.export import FINAL_DIR, drop_optimizer_state, export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
+from launcher.rank.loading import load_model
 from launcher.rank.progress import (
     GpuPeaks,
     Metrics,
@@ -68,7 +69,10 @@ class Trainer:
 
         self.tokenizer = self._load_tokenizer()
         self.rows, self.held_out = self._load_data()
-        self.model = self._load_model()
+        # A live HfDeepSpeedConfig (kept referenced) makes from_pretrained partition the weights under ZeRO-3
+        self.model, self._hf_ds_config = load_model(spec, self.ds_config, self.log)
+        self.frozen_digest = adapter.frozen_digest(self.model) if spec.lora else None
+        self.frozen_base_unchanged: bool | None = None  # fit() compares the frozen base with frozen_digest
         self.engine, *_ = deepspeed.initialize(
             model=self.model,
             model_parameters=[p for p in self.model.parameters() if p.requires_grad],
@@ -134,33 +138,6 @@ class Trainer:
         kept = f", {len(held):,} held out for the eval loss" if held is not None else ""
         self.log(f"data: {len(rows):,} rows of {spec.seq_len} tokens ({layout.format}, {layout.packing}){kept}")
         return rows, held
-
-    def _load_model(self):
-        """The model class the export names (AutoModelForCausalLM, or AutoModelForSeq2SeqLM for T5 and BART)."""
-        from transformers import AutoConfig
-
-        auto = auto_class(self.spec.model_kind)
-
-        # DeepSpeed reads "bfloat16" as the old name of "bf16" (runtime/config.py get_bfloat16_config)
-        bf16 = self.ds_config.get("bf16", self.ds_config.get("bfloat16", {}))
-        dtype = self.torch.bfloat16 if bf16.get("enabled") else self.torch.float16
-        if self.ds_config.get("zero_optimization", {}).get("stage") == 3:
-            # A live HfDeepSpeedConfig makes from_pretrained/from_config run under deepspeed.zero.Init, so
-            # weights are partitioned as they load and no rank holds a full copy (DeepSpeed issues 1814, 5617).
-            from transformers.integrations import HfDeepSpeedConfig
-
-            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # must stay referenced
-        kwargs = {"trust_remote_code": self.spec.trust_remote_code}
-        if has_weights(self.spec.model):
-            model = auto.from_pretrained(self.spec.model, dtype=dtype, **kwargs)
-        else:
-            self.log(f"warning: no weights in {self.spec.model}: starting from random initialization")
-            config = AutoConfig.from_pretrained(self.spec.model, **kwargs)
-            model = auto.from_config(config, dtype=dtype, **kwargs)
-        if self.spec.activation_checkpointing:
-            enable_recompute(model)
-        model.config.use_cache = False
-        return model
 
     # --------------------------------------------------------------------------------- steps
 
@@ -283,8 +260,13 @@ class Trainer:
             trim_metrics(metrics_path, first_step - 1)
         metrics = Metrics(metrics_path, enabled=self.rank == 0)
         self._train(first_step, metrics)
+        self.frozen_base_unchanged = self._frozen_base_unchanged()
         drop_optimizer_state(self.engine)  # the last step saved a checkpoint: resuming needs nothing in memory
-        export_final(self.engine, self.tokenizer, self.spec.out, self.rank, self.planned_placement()[0] == 3)
+        zero3 = self.planned_placement()[0] == 3
+        if self.spec.lora:
+            adapter.export_adapter(self.engine, self.tokenizer, self.spec.out, self.rank, zero3, FINAL_DIR)
+        else:
+            export_final(self.engine, self.tokenizer, self.spec.out, self.rank, zero3)
         nvme_bytes = folder_bytes(self.spec.nvme_swap_dir)
         self.remove_swap_files()
         return self.summary(metrics, time.perf_counter() - start, nvme_bytes)
@@ -296,6 +278,8 @@ class Trainer:
         self.engine.train()
         for step in range(first_step, spec.steps + 1):
             t0 = time.perf_counter()
+            # dropout's masks (a LoRA's, a model's own) follow the step, so a resumed run draws the same ones
+            self.torch.manual_seed(step_seed(spec.seed, step, self.rank))
             lr = self.engine.optimizer.param_groups[0]["lr"]  # the rate this step applies
             loss = self.train_step(self.batches(order, step), step)
             seconds = time.perf_counter() - t0
@@ -335,10 +319,22 @@ class Trainer:
             "offload_param": param_at,
             **self.optimizer_layout(),
             "model_class": AUTO_CLASSES[self.spec.model_kind],
+            "adapter": self.spec.lora,  # None: every weight trained, OUT/final is the whole model
+            "frozen_base_unchanged": self.frozen_base_unchanged,  # None: nothing frozen
             "data": self.data_summary(),
             "ranks": self.rank_environments(),
         }
         return run_summary(self.spec, setup, metrics.records, wall, peak, measured, self.checkpoints.skipped)
+
+    def _frozen_base_unchanged(self) -> bool | None:
+        """Whether every rank's frozen base (its ZeRO-3 partition) holds the bytes it loaded: a LoRA trains only
+        the adapter (adapter.frozen_digest). Collective; None without an adapter."""
+        if self.frozen_digest is None:
+            return None
+        unchanged = adapter.frozen_digest(self.engine.module) == self.frozen_digest
+        same = self.torch.tensor([int(unchanged)], device=self.engine.device)
+        self.dist.all_reduce(same, op=self.dist.ReduceOp.MIN)
+        return bool(same.item())
 
     def rank_environments(self) -> list[dict]:
         """Where each rank ran and what its environment gave it (the host, the threads its torch and CPU-Adam use,
@@ -427,6 +423,11 @@ class Trainer:
             self.dist.destroy_process_group()
 
 
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The RNG seed of optimizer step `step` on `rank`: distinct per step and rank, the same on a resume."""
+    return (seed * 1_000_003 + step) * 4_099 + rank
+
+
 def on_cuda(torch, device) -> bool:
     """Whether the engine runs on a CUDA device (not DeepSpeed's CPU accelerator, even on a GPU host)."""
     return torch.device(device).type == "cuda"
@@ -440,11 +441,3 @@ def start_schedule_at_step_one(scheduler) -> None:
     the iteration from its checkpoint afterwards; other schedulers (a --ds-config's own) are left alone."""
     if type(scheduler).__name__ in ("WarmupLR", "WarmupDecayLR") and scheduler.last_batch_iteration == -1:
         scheduler.step(1)
-
-
-def has_weights(model: str) -> bool:
-    """Whether `model` comes with weights: a hub id (from_pretrained fetches them) or a folder holding some."""
-    path = Path(model)
-    if not path.is_dir():
-        return True  # a hub id: from_pretrained fetches its weights
-    return any(any(path.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"))

@@ -31,6 +31,14 @@ def header_lines(plan: Plan) -> list[str]:
         f"          {fmt_count(m.params)} params; largest tensor {m.largest_param_name} = "
         f"{m.largest_param_numel:,}; {layers}, hidden {m.hidden_size}, vocab {m.vocab_size}"
     )
+    if plan.lora:
+        lora = plan.lora
+        share = m.trainable_params / m.params
+        lines.append(
+            f"          LoRA r={lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g} on "
+            f"{', '.join(lora.targets)}: {m.trainable_params:,} trainable params ({share:.2%}); the base is frozen "
+            "in 16-bit"
+        )
     if h.has_gpu:
         gpus = f"{h.gpus.count} x {h.gpus.name} ({fmt_bytes(h.gpus.memory_bytes)})"
         link = f"PCIe {h.pcie_generation or '?'} x{h.pcie_width or '?'} ~{h.pcie_bytes_per_s / 1e9:.0f} GB/s"
@@ -94,6 +102,7 @@ def plan_text(plan: Plan, ds_config: dict | None, *, show_config: bool = True) -
     lines.append("Why")
     lines.extend(f"  - {r}" for r in plan.reasons)
     lines.extend(advice_lines(plan))
+    lines.extend(method_lines(plan))
     if plan.warnings:
         lines.append("Warnings")
         lines.extend(f"  ! {warning}" for warning in plan.warnings)
@@ -208,6 +217,33 @@ def advice_lines(plan: Plan) -> list[str]:
     if not advice["micro_batch"]:
         lines.append("  (no larger micro-batch reaches the target within this host's memory)")
     return lines
+
+
+def method_lines(plan: Plan) -> list[str]:
+    """What the other training method would cost on this host (plan/methods.py): never a switch."""
+    other = plan.method_advice
+    if not other:
+        return []
+    if other["method"] == "lora":
+        lora = other["lora"]
+        targets = ", ".join(lora["targets"])
+        what = f"a LoRA (--lora: r={lora['rank']} on {targets}, {other['trainable_params']:,} trainable)"
+    else:
+        what = "full fine-tuning (without --lora: every weight trains)"
+    if not other["fits"]:
+        figures = f"does not fit this host ({other['problem']})"
+    else:
+        nvme = f", NVMe {fmt_bytes(other['nvme_bytes'])}" if other["nvme_bytes"] else ""
+        figures = (
+            f"{other['strategy']}: GPU {fmt_bytes(other['gpu_bytes_per_device'])}, CPU "
+            f"{fmt_bytes(other['cpu_bytes'])}{nvme}, {other['step_seconds']:.3g} s/step "
+            f"({other['tokens_per_s']:,.0f} tokens/s)"
+        )
+    return [
+        "Method",
+        f"  {what}: {figures}",
+        "  (it learns differently - a rank-r update of chosen layers, or every weight: the choice is yours)",
+    ]
 
 
 # ------------------------------------------------------------------------------------------- terminal view
@@ -345,10 +381,10 @@ def plan_rich(plan: Plan, ds_config: dict | None, *, show_config: bool = True, b
         parts.append(section("Choice    nothing fits this host", "bold red"))
     parts.append(section("Why"))
     parts.append(Text("\n".join(f"  - {r}" for r in plan.reasons)))
-    advice = advice_lines(plan)
-    if advice:
-        parts.append(section(advice[0]))
-        parts.append(Text("\n".join(advice[1:]), style="cyan"))
+    for advice in (advice_lines(plan), method_lines(plan)):
+        if advice:
+            parts.append(section(advice[0]))
+            parts.append(Text("\n".join(advice[1:]), style="cyan"))
     if plan.warnings:
         parts.append(section("Warnings", "bold yellow"))
         parts.append(Text("\n".join(f"  ! {w}" for w in plan.warnings), style="yellow"))

@@ -128,7 +128,7 @@ class FakeEngine:
         self.lr_scheduler = None
         self.size, self.fail, self.loaded = size, fail, []
 
-    def save_checkpoint(self, folder, tag, client_state):
+    def save_checkpoint(self, folder, tag, client_state, exclude_frozen_parameters=False):  # DeepSpeed's signature
         path = checkpoints.Path(folder) / tag
         path.mkdir(parents=True)
         (path / "mp_rank_00_model_states.pt").write_bytes(b"x" * self.size)
@@ -136,7 +136,7 @@ class FakeEngine:
             raise self.fail
         (path / "client.json").write_text(json.dumps(client_state))
 
-    def load_checkpoint(self, folder, tag):
+    def load_checkpoint(self, folder, tag, load_module_strict=True):  # DeepSpeed's signature
         self.loaded.append(tag)
         state = json.loads((checkpoints.Path(folder) / tag / "client.json").read_text())
         return str(checkpoints.Path(folder) / tag), state

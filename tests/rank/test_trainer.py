@@ -20,8 +20,9 @@ from launcher.drills import KILL_AT_ENV
 from launcher.inspection.cuda_devices import nvml_process_bytes
 from launcher.rank import checkpoints
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
+from launcher.rank.loading import has_weights
 from launcher.rank.progress import GpuPeaks, gpu_step_figures
-from launcher.rank.trainer import Trainer, has_weights, on_cuda
+from launcher.rank.trainer import Trainer, on_cuda
 
 
 class FakeEngine:

@@ -32,6 +32,7 @@ PLAN_JSON_KEYS = [
     "estimates",
     "rates",
     "advice",
+    "method_advice",
     "candidates",
     "reasons",
     "warnings",
@@ -199,6 +200,7 @@ def test_plan_json_and_plan_text_are_unchanged(offload_plan):
         "tokens_per_step",
         "precision",
         "activation_checkpointing",
+        "lora",
     }
     assert set(data["capacity"]) == {"gpu_bytes_per_device", "cpu_bytes", "nvme_bytes"}
     text = report.plan_text(offload_plan, ds_config)
