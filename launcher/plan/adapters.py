@@ -81,8 +81,9 @@ def resolve_targets(model: ModelProfile, asked: str) -> tuple[str, ...]:
     wanted = tuple(dict.fromkeys(part.strip() for part in asked.split(",") if part.strip()))
     unknown = [name for name in wanted if name not in names]
     if unknown or not wanted:
+        named = ", ".join(unknown) if unknown else repr(asked)
         raise UserInputError(
-            f"--lora-target: {', '.join(unknown) or asked!r} is not a linear layer of {model.name}; "
+            f"--lora-target: {named} is not a linear layer of {model.name}; "
             f"it has {', '.join(names)} (or use auto, {ALL_LINEAR})"
         )
     return wanted
