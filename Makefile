@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.4,torch==
 # The releases this checkout is tested with (pyproject.toml says so; the bundled profiles in launcher/models/profiles/
 # are counted under this transformers): `make install` takes them, so a release made since cannot change what
 # `make test` sees. Users' installs take any release pyproject.toml allows.
-TESTED_SPEC ?= transformers==5.24.0 deepspeed==0.19.8
+TESTED_SPEC ?= transformers==5.24.0 deepspeed==0.19.8 peft==0.22.0
 
 .PHONY: install demo test test-fast bench gpu-smoke gpu-check wheelhouse lint format docs bundled-profiles clean
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]" $(TESTED_SPEC)
+	$(BIN)/pip install -q -e ".[dev,adapters]" $(TESTED_SPEC)
 	touch $(STAMP)
 
 demo: $(STAMP)

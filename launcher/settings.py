@@ -33,6 +33,7 @@ OPTIMIZER_STATES = ("fp32", "bf16")
 # "QLoRA", Appendix B.2: lr 2e-4 for the 7B and 13B models; peft's and LLaMA-Factory's LoRA examples use 1e-4 to
 # 2e-4), so its default is 2e-4 unless --lr is typed or a recipe sets it.
 LORA_MODE_DEFAULTS = {"lr": 2e-4}
+ADAPTER_EXTRAS_MISSING = "--lora trains with peft, which is not installed: pip install 'offload-launch[adapters]'"
 DATA_FORMATS = ("auto", "chat", "instruction", "prompt", "pairs", "text")  # launcher/data/formats.py FORMATS
 
 

@@ -3,12 +3,14 @@ with --smoke, check the configuration in minutes. Parses, calls the workflows, p
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import click
 
 from launcher import settings
 from launcher.cli.options import ToolError, echo_json, options, typed_values, user_errors, warn
+from launcher.errors import UserInputError
 
 RUN_EPILOG = """\b
 Examples:
@@ -57,7 +59,10 @@ def resolve(typed: dict):
     mode = dict(MODE_DEFAULTS) if typed.get("smoke") else {}
     if typed.get("lora", (recipe or {}).get("lora")):
         mode |= {key: value for key, value in settings.LORA_MODE_DEFAULTS.items() if key not in (recipe or {})}
-    return settings.layer(typed, recipe=recipe, mode=mode or None, pins=user_pins(user)), user
+    chosen = settings.layer(typed, recipe=recipe, mode=mode or None, pins=user_pins(user))
+    if chosen.lora and (chosen.data or chosen.smoke or chosen.sbatch) and importlib.util.find_spec("peft") is None:
+        raise UserInputError(settings.ADAPTER_EXTRAS_MISSING)  # planning needs no peft; training does
+    return chosen, user
 
 
 def show_plan(plan, ds_config: dict | None, as_json: bool, show_config: bool = True) -> None:

@@ -26,6 +26,8 @@ def explain(inputs: Inputs, candidates, ranked, aio: dict | None, hint: str | No
         reasons.append(line)
     if note := nominal_network_note(inputs.host):
         warnings.append(note)
+    if inputs.model.trainable_params:
+        reasons.append(adapter_reason(inputs.model.params, inputs.model.trainable_params, inputs.world))
     if len(ranked) > 1:
         reasons.append(runner_up_reason(chosen, ranked[1]))
     calibrated = [c.strategy.label for c in candidates if c.timing.calibration]
@@ -45,6 +47,16 @@ def explain(inputs: Inputs, candidates, ranked, aio: dict | None, hint: str | No
     if hint:
         reasons.append(hint)
     return reasons, warnings
+
+
+def adapter_reason(params: int, trainable: int, world: int) -> str:
+    """With a LoRA, what each tier of the framework buys (memory.py [DS-frozen])."""
+    base = 2 * (params - trainable)
+    return (
+        f"LoRA: the frozen base ({fmt_bytes(base)} in 16-bit) stays whole on every GPU at ZeRO-1/2; ZeRO-3 partitions "
+        f"it ({fmt_bytes(base // world)} per rank) and offload_param moves it to the CPU or NVMe, while the adapter's "
+        f"gradients and Adam states ({fmt_bytes(16 * trainable)} in all) are all that offload_optimizer can move"
+    )
 
 
 def why_chosen(candidates, chosen, host, world: int, params: int) -> tuple[list[str], list[str]]:

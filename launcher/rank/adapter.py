@@ -24,7 +24,6 @@ from launcher.inspection.model import SEQ2SEQ_LM
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME
 ADAPTER_CONFIG = "adapter_config.json"  # peft's CONFIG_NAME
-MISSING_EXTRAS = "--lora needs peft: pip install 'offload-launch[adapters]'"
 
 
 def attach(model, lora: dict, model_kind: str, dtype):

@@ -4,6 +4,7 @@ and nothing written: the working folder holds exactly the inputs the test made, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -54,10 +55,24 @@ class Case:
     # the torch the ranks would run (planning.installed_torch_version; None: this machine's): from 2.13 a CUDA plan
     # sets host_buffers.PINNED_ALLOC_CONF and counts pinned buffers unrounded, before it torch's power-of-two rounding
     torch: str | None = None
+    without_peft: bool = False  # peft not installed (importlib finds no spec for it)
 
 
 MODEL = ("--model", "model")
 CASES = [
+    # --lora
+    Case(
+        "lora-without-peft",
+        (*MODEL, "--lora"),
+        ("--lora trains with peft, which is not installed", "pip install 'offload-launch[adapters]'"),
+        without_peft=True,
+    ),
+    Case(
+        "lora-unknown-target",
+        (*MODEL, "--lora", "--lora-target", "q_proj,qkv"),
+        ("--lora-target: qkv is not a linear layer of model", "it has q_proj, k_proj, v_proj, o_proj"),
+    ),
+    Case("lora-rank-without-lora", (*MODEL, "--lora-rank", "16"), ("--lora-rank shape a LoRA adapter: add --lora",)),
     # --model
     Case("model-missing", ("--model", "./no-such-model"), ("model path ./no-such-model does not exist", "a hub id")),
     Case(
@@ -361,6 +376,11 @@ def test_bad_input_is_one_line_before_anything_starts(case, workspace, no_proces
         monkeypatch.setattr(host_module, "aio_usable", lambda: True)
     if case.torch is not None:
         monkeypatch.setattr(planning, "installed_torch_version", lambda: case.torch)
+    if case.without_peft:
+        real_find_spec = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a)
+        )
     if case.id == "nvme-not-writable" and os.geteuid() == 0:  # root writes anywhere: a folder it may not
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda p, m: False if Path(p).name == "read-only" else real_access(p, m))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DEMO_TEXT, launch, read_metrics, run_launch
+from tests.e2e.conftest import DEMO_TEXT, NODE_PEAK_BAND, launch, read_metrics, run_launch
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +58,8 @@ def check_lora_run(out: Path, *, stage: int, world: int, offload_optimizer: str,
     assert run["final_loss"] < run["first_loss"], (run["first_loss"], run["final_loss"])
     assert run["adapter"]["rank"] == 8 and "down_proj" in run["adapter"]["targets"]
     assert run["frozen_base_unchanged"] is True  # every rank's frozen bytes, hashed at load and after the last step
+    low, high = NODE_PEAK_BAND  # the plan's host RAM at its peak moment against the node's measured peak
+    assert low <= run["ratios"]["cpu_bytes_per_node"] <= high, (run["measured"], run["predicted"])
     final = out / "final"
     assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
     assert not (final / "model.safetensors").exists()  # an adapter, not a copy of the base
