@@ -226,6 +226,12 @@ class Settings:
         group=Group.PLAN,
         metavar="NAMES",
     )
+    merge: bool = setting(
+        False,
+        "With --lora: also write OUT/final-merged, the base with the adapter merged in (a whole model that loads "
+        "without peft; rank 0 rebuilds it in CPU RAM after training, which the plan counts).",
+        group=Group.PLAN,
+    )
     lr: float = setting(2e-5, "Peak learning rate.", group=Group.PLAN, positive=True)
     warmup_steps: int = setting(10, "Linear warm-up steps.", group=Group.PLAN, minimum=0)
     steps: int = setting(100, "Optimizer steps.", group=Group.PLAN, minimum=1)
@@ -559,6 +565,12 @@ def _lora_options_need_lora(values: Mapping[str, object]) -> str | None:
     return f"{', '.join(changed)} shape a LoRA adapter: add --lora" if changed else None
 
 
+def _merge_needs_lora(values: Mapping[str, object]) -> str | None:
+    if values.get("merge") and not values.get("lora"):
+        return "--merge merges a LoRA adapter into its base: add --lora (full fine-tuning's OUT/final is whole already)"
+    return None
+
+
 def _lora_dropout_range(values: Mapping[str, object]) -> str | None:
     dropout = values.get("lora_dropout")
     if dropout is not None and dropout >= 1:
@@ -624,6 +636,7 @@ CROSS_FIELD_RULES: tuple[Callable[[Mapping[str, object]], str | None], ...] = (
     _activation_offload_needs_checkpointing,
     _lora_options_need_lora,
     _lora_dropout_range,
+    _merge_needs_lora,
     _smoke_options_need_smoke,
     _smoke_needs_data,
     _smoke_is_not_a_dry_run,

@@ -23,6 +23,9 @@ Examples:
 @option("num_gpus")
 @option("hostfile", help="DeepSpeed hostfile (node count).")
 @option("seq_len", help="Tokens per sequence, for activation memory [default: model max, <= 2048].")
+@option("lora", help="The config is for a LoRA run: check the adapter traps too (docs/adapters.md).")
+@option("lora_rank")
+@option("lora_target")
 @option("json", help="Print the findings as one JSON object.")
 @click.pass_context
 @user_errors

@@ -39,6 +39,7 @@ from launcher.config.keys import (
     section_models,
     strategy_of,
 )
+from launcher.config.lint_adapters import adapter_findings
 from launcher.config.lint_keys import ignored_key_message, key_findings, stage_findings
 from launcher.config.lint_modes import _offload_mode_findings
 from launcher.config.lint_partial import _unused_gpu_findings
@@ -398,6 +399,7 @@ def lint(config: dict, plan: Plan | None, world_size: int, *, deepspeed: bool = 
     keys = key_findings(config) + stage_findings(config)
     checks = _cross_field_findings(config) + _offload_findings(config, plan)
     checks += _offload_mode_findings(config, plan, world_size) + _batch_findings(config, world_size)
+    checks += adapter_findings(config, plan)
     if plan is not None:
         checks += _buffer_size_findings(config, plan, world_size) + _fit_findings(config, plan, world_size)
         checks += _unused_gpu_findings(config, plan, world_size)

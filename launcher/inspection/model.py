@@ -80,6 +80,7 @@ class ModelProfile:
     # frozen base is the rest of `params`. 0 and (): every parameter trains (full fine-tuning).
     trainable_params: int = 0
     trainable_numels: tuple[int, ...] = ()
+    adapter_saved_bytes_per_token: int = 0  # plan/adapters.py [LoRA-act], all adapted layers
 
     @property
     def optimized_params(self) -> int:

@@ -286,6 +286,7 @@ def run_spec(plan: Plan, settings: Settings, out: Path, swap: str | None, tokeni
         offload_activations=plan.chosen.strategy.offload_activations == "cpu",
         nvme_swap_dir=swap,
         lora=plan.lora.to_json() if plan.lora else None,
+        merge=plan.workload.merge,
         predicted={
             "step_seconds": plan.chosen.timing.step_seconds,
             "calibrated_step_seconds": plan.chosen.timing.calibrated_step_seconds,  # None: no finished runs

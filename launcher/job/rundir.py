@@ -6,6 +6,7 @@ OUT/plan.json            the plan (the --json contract)   OUT/checkpoints/   ste
 OUT/ds_config.json       what DeepSpeed reads             OUT/final/         save_pretrained + tokenizer
 OUT/run_spec.json        what every rank reads            OUT/cache/         tokenized, packed data
 OUT/ranks/               where each rank ran, how it ended (job/ranks.py)
+OUT/final-merged/        with --lora --merge: the base with the adapter merged in
 (a smoke test's folder: OUT/smoke.json, OUT/smoke-model/, OUT/smoke-checkpoint/; `report`: OUT/report.png)
 
 Ownership. The marker says the folder is this tool's and records what wrote it: the run's identity (model,
@@ -43,7 +44,8 @@ LOCK_FILE = ".offload-launch.lock"
 MARKER_VERSION = 1
 METRICS_FILE = "metrics.jsonl"  # one line per optimizer step
 SUMMARY_FILE = "run.json"  # written last by a finished training run
-RESULT_NAMES = (METRICS_FILE, SUMMARY_FILE, "checkpoints", "final")  # a training run's results: --no-resume drops them
+# a training run's results: --no-resume drops them ("final-merged": a LoRA's --merge)
+RESULT_NAMES = (METRICS_FILE, SUMMARY_FILE, "checkpoints", "final", "final-merged")
 # rewritten by every run; deepspeed_env (job/nodes.py ENV_FILE) only with --hostfile
 CONFIG_NAMES = ("plan.json", "ds_config.json", "run_spec.json", "deepspeed_env", "ranks")
 SMOKE_RESULT, SMOKE_MODEL, SMOKE_CHECKPOINT = "smoke.json", "smoke-model", "smoke-checkpoint"  # a smoke test's

@@ -44,6 +44,7 @@ class RunSpec:
     nvme_swap_dir: str | None = None  # this run's own folder under --nvme-path, removed at the end
     # the LoRA adapter to train (plan/adapters.Lora.to_json: rank, alpha, dropout, targets); None: every weight trains
     lora: dict | None = None
+    merge: bool = False  # with a LoRA: also OUT/final-merged, the base with the adapter merged in
     smoke: bool = False  # run the smoke checks (launcher/rank/smoke_checks.py) instead of a training run
     smoke_memory_tolerance: float = 1.25  # largest measured / predicted memory the smoke check accepts
     predicted: dict = field(default_factory=dict)  # the plan's figures, written next to the measured ones

@@ -8,6 +8,11 @@ Sources:
             lora_B = nn.Linear(r, out, bias=False) (peft tuners/lora/layer.py `update_layer`), so a targeted
             Linear(in, out) adds r·(in + out) parameters in two tensors, r·in and out·r. Llama-2-7B's q_proj and
             v_proj at r = 8: 32 x 2 x 8 x (4096 + 4096) = 4,194,304, peft's "trainable params: 4,194,304".
+  [LoRA-act] peft tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling. Autograd keeps
+            lora_A's output for lora_B's weight gradient (2·r B per token in 16-bit) and, with dropout, the dropped-out
+            input for lora_A's weight gradient (2·in B) and its mask (1·in B, torch's bool mask); without dropout
+            lora_A's input is x itself, which [Korth]'s count (memory.py) holds already. These add to the base's
+            activations, per adapted layer and token.
   [peft-targets] peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: the layers peft
             targets by default per model_type (a copy of the families bundled here; tests/plan/test_adapters.py
             checks it against the installed peft); "all-linear" (tuners_utils.py
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 from launcher.errors import UserInputError
 from launcher.inspection.model import ModelProfile
+from launcher.plan.strategy import BYTES_16BIT
 
 ALL_LINEAR = "all-linear"
 AUTO = "auto"
@@ -98,6 +104,16 @@ def adapter_numels(model: ModelProfile, lora: Lora) -> tuple[int, ...]:
     return tuple(numels)
 
 
+def saved_bytes_per_token(model: ModelProfile, lora: Lora) -> int:
+    """[LoRA-act] the bytes autograd keeps per token for the adapters' backward, over every adapted layer."""
+    dropout = lora.dropout > 0
+    return sum(
+        count * (BYTES_16BIT * lora.rank + (3 * fan_in if dropout else 0))
+        for name, fan_in, _, count in model.linear_modules
+        if name in lora.targets
+    )
+
+
 def adapted(model: ModelProfile, lora: Lora | None) -> ModelProfile:
     """The profile the plan sizes for a LoRA run: the adapter's tensors added to the model's (they are parameters of
     the trained module, in 16-bit like the base), and only they trainable. `model` itself without a LoRA."""
@@ -110,4 +126,5 @@ def adapted(model: ModelProfile, lora: Lora | None) -> ModelProfile:
         param_numels=model.param_numels + numels,
         trainable_params=sum(numels),
         trainable_numels=numels,
+        adapter_saved_bytes_per_token=saved_bytes_per_token(model, lora),
     )

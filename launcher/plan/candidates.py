@@ -136,6 +136,7 @@ def _estimate(inputs: Inputs, strategy: Strategy, micro_batch: int, grad_accum: 
         cuda_context_bytes=inputs.rates.cuda_context_bytes,
         gpu_room=usable_gpu_bytes(host) if host.has_gpu else None,
         weights_copied=weights_copied(model, training_precision(workload.precision, host)),
+        merge=workload.merge,
     )
     # [Twin-Flow] on the CPU accelerator the "GPU" share is CPU memory that CPU-Adam steps: timed as a full offload
     gpu_share = subgroups.optimizer_gpu_share(shape, strategy, buckets, world) if host.has_gpu else 0.0

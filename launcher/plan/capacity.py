@@ -146,7 +146,9 @@ def _sized_buckets(
         reduce_bucket_size=h * h,
         allgather_bucket_size=h * h,
         prefetch_bucket_size=int(0.9 * h * h),
-        param_persistence_threshold=10 * h,
+        # a LoRA's tensors stay whole on every rank (config/lint_adapters.py [DS-persist]): no gather of a few
+        # thousand elements per module per pass, and peft's own save works too
+        param_persistence_threshold=max(10 * h, model_shape_largest(model) if model.trainable_params else 0),
         sub_group_size=sub_group,
         optimizer_buffer_count=buffer_count,
         pipeline=pipeline,
@@ -210,4 +212,5 @@ def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:
         attention_width=model.attention_width,
         trainable_params=model.trainable_params,
         trainable_numels=model.trainable_numels,
+        adapter_saved_bytes_per_token=model.adapter_saved_bytes_per_token,
     )

@@ -298,6 +298,10 @@ def _device_terms(
         cross_attention_layers=shape.cross_attention_layers,
         attention_width=shape.attention_width,
     )
+    if shape.adapter_saved_bytes_per_token:  # adapters.py [LoRA-act]: every block's, or the recomputed one's
+        blocks = 1 if checkpointing else shape.num_layers
+        per_block = shape.adapter_saved_bytes_per_token // max(1, shape.num_layers)
+        gpu["adapter activations"] = per_block * blocks * seq_len * micro_batch
     # [enc-dec] an encoder-decoder's logits are the decoder's, over its s target tokens: the same term
     gpu["logits"] = logits_bytes(seq_len, micro_batch, shape.vocab_size)
     if strategy.offload_activations == "cpu" and checkpointing:
@@ -352,13 +356,14 @@ def estimate(
     cuda_context_bytes: int | None = None,
     gpu_room: int | None = None,
     weights_copied: bool = True,
+    merge: bool = False,
 ) -> MemoryEstimate:
     """Bytes per tier for one strategy. `pin_memory`: the ds_config's offload_*.pin_memory (the planner's
     default, True, is the conservative side); `pinned_round_limit`: PINNED_ROUND_LIMIT_BYTES when the ranks
     run with PINNED_ALLOC_CONF, None for torch's default rounding (both host_buffers.py); `grad_accum`: gradient
     accumulation steps (ZeRO-1/2 CPU offload pins per-param accumulation buffers when > 1); `cuda_context_bytes`:
-    the probe's (Rates.cuda_context_bytes), None for CUDA_CONTEXT_BYTES; `gpu_room`, `weights_copied`: the moments'
-    (peaks.host_moments)."""
+    the probe's (Rates.cuda_context_bytes), None for CUDA_CONTEXT_BYTES; `gpu_room`, `weights_copied`, `merge`: the
+    moments' (peaks.host_moments)."""
     workload = {"seq_len": seq_len, "micro_batch": micro_batch, "checkpointing": checkpointing, "has_gpu": has_gpu}
     gpu, cpu_per_rank, nvme_per_rank = _states_by_tier(shape, strategy, buckets, world)
     gpu |= _device_terms(shape, strategy, buckets, world=world, **workload)
@@ -386,6 +391,7 @@ def estimate(
         baseline=process_baseline(has_gpu),
         gpu_room=gpu_room,
         weights_copied=weights_copied,
+        merge=merge,
     )
     gpu_moments = peaks.device_moments(sum(gpu.values()))
     return MemoryEstimate(gpu, cpu, nvme, cpu_moments, gpu_moments)

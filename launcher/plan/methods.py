@@ -11,7 +11,7 @@ from launcher.plan.workload import Workload
 
 # the strategy pins a workload may carry: the other method is planned without them (its own best strategy)
 STRATEGY_PINS = ("zero_stage", "offload_optimizer", "offload_param", "offload_ratio")
-LORA_SETTINGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target")
+LORA_SETTINGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "merge")
 
 
 def worth_advising(workload: Workload, offloads: bool, fits: bool) -> bool:

@@ -33,6 +33,9 @@ transformers 5.24 and torch 2.13 as installed:
             references: ZeRO-1/2's module state is views of the flat 16-bit buffer (one storage, b·P, written by
             data-parallel rank 0), each rank's fp32 master partition is one storage (4·P/N; ZeRO-3: one per
             sub-group), as are Adam's moments.
+  [merge]   rank/adapter.export_merged (--lora --merge): after the adapter's export, rank 0 loads the base again
+            in CPU RAM (b·P), merges the adapter into it (peft merge_and_unload: W + alpha/r·B·A, a transient of
+            the largest weight's size) and saves it, while the engine still holds its state.
   [DS-export] engine.py `_zero3_consolidated_16bit_state_dict`: rank 0 gathers every parameter and keeps
             `param.detach().cpu()`: b·P of host RAM on the first node; ZeRO-1/2's `module.state_dict()` are device
             views that safetensors writes tensor by tensor (the largest tensor, b·L, at a time). Before it, the
@@ -64,11 +67,13 @@ def host_moments(
     baseline: int,
     gpu_room: int | None,
     weights_copied: bool,
+    merge: bool = False,
 ) -> dict[str, int]:
     """Host RAM per node at each moment. `cpu_terms`, `gpu_terms`: the steady state (memory.estimate: per node, per
     device; on the CPU accelerator the device's terms are host RAM, counted in `cpu_terms` too); `baseline`: one
     rank's process; `gpu_room`: a GPU's usable bytes (None: unknown, taken as room enough); `weights_copied`: the load
-    makes an anonymous copy of the weights on every rank ([HF-load]: a cast, or no weights to map)."""
+    makes an anonymous copy of the weights on every rank ([HF-load]: a cast, or no weights to map); `merge`: the export
+    also rebuilds a merged model ([merge])."""
     p, n, r = shape.params, world, ranks_per_node
     steady = sum(cpu_terms.values())
     weights = BYTES_16BIT * p
@@ -97,6 +102,8 @@ def host_moments(
     # an adapter's export gathers the adapter alone (rank/adapter_export.py)
     gathered = BYTES_16BIT * shape.trainable_params if shape.trainable_params else weights
     export = engine + (gathered if strategy.zero_stage >= 3 else BYTES_16BIT * shape.largest_optimized_numel)
+    if merge:  # [merge] rank 0 rebuilds the base in CPU RAM, the adapter merged in, beside the engine
+        export += weights + BYTES_16BIT * shape.largest_param_numel
     return {LOAD: int(load), INIT: int(init), STEP: steady, SAVE: save, EXPORT: export}
 
 

@@ -28,6 +28,7 @@ class ModelShape:
     # adapters.py: the parameters the optimizer owns and their tensors (a LoRA's); 0 and (): all of them
     trainable_params: int = 0
     trainable_numels: tuple[int, ...] = ()
+    adapter_saved_bytes_per_token: int = 0  # adapters.py [LoRA-act], all adapted layers
 
     @property
     def optimized(self) -> int:

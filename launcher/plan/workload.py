@@ -48,6 +48,7 @@ class Workload:
     lora_alpha: float | None = DEFAULTS["lora_alpha"]  # None: 2 x lora_rank
     lora_dropout: float = DEFAULTS["lora_dropout"]
     lora_target: str = DEFAULTS["lora_target"]  # "auto", "all-linear" or leaf names, comma-separated
+    merge: bool = DEFAULTS["merge"]  # the export also merges the adapter into a whole model (peaks.py [merge])
 
     def __post_init__(self) -> None:
         settings.validate(dataclasses.asdict(self))  # the bounds and rules declared with each setting
@@ -138,6 +139,11 @@ def lora_of(workload: Workload, model: ModelProfile) -> Lora | None:
     LLaMA-Factory and axolotl examples' choice; peft's own default is 8 whatever r)."""
     if not workload.lora:
         return None
+    if workload.merge and model.source == "local" and not model.has_weights:
+        raise UserInputError(
+            f"--merge needs the base's weights, and {model.name} has none (it would train from a random start that "
+            "the merge cannot rebuild): pass a model folder with weights, or drop --merge"
+        )
     alpha = workload.lora_alpha if workload.lora_alpha is not None else 2.0 * workload.lora_rank
     targets = resolve_targets(model, workload.lora_target)
     return Lora(workload.lora_rank, alpha, workload.lora_dropout, targets)

@@ -110,6 +110,36 @@ def export_adapter(engine, tokenizer, out: Path, rank: int, zero3: bool, final_d
     return final
 
 
+def export_merged(spec, tokenizer, adapter_dir: Path, rank: int, merged_dir: str) -> Path:
+    """OUT/final-merged (--merge): on rank 0, the base loaded again in CPU RAM in the adapter's dtype,
+    PeftModel.from_pretrained with the exported adapter, merged (W + alpha/r·B·A, peft `merge_and_unload`) and saved
+    with save_pretrained, plus the tokenizer. peft's DeepSpeed guide calls merging inside a ZeRO-3 engine
+    unsupported; the base on the CPU is exact, at w·P of rank 0's host RAM plus the largest tensor (plan/peaks.py
+    [merge]). Collective: the other ranks wait for it."""
+    import torch.distributed as dist
+
+    final, tmp = spec.out / merged_dir, spec.out / f"{merged_dir}.tmp"
+    if rank == 0:
+        from peft import PeftModel
+        from safetensors import safe_open
+
+        from launcher.inspection.model import auto_class
+
+        with safe_open(str(adapter_dir / ADAPTER_WEIGHTS), framework="pt") as handle:
+            dtype = handle.get_tensor(next(iter(handle.keys()))).dtype
+        base = auto_class(spec.model_kind).from_pretrained(
+            spec.model, dtype=dtype, trust_remote_code=spec.trust_remote_code
+        )
+        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        shutil.rmtree(tmp, ignore_errors=True)
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    dist.barrier()
+    return final
+
+
 def validate_adapter(folder: Path, expected: dict[str, tuple[int, ...]]) -> None:
     """The adapter file holds one non-empty tensor per adapter parameter, each of its trained shape; SystemExit
     names the first that is not (peft writes keys without the adapter's name: "...lora_A.weight")."""

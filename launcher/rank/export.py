@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 FINAL_DIR = "final"
+MERGED_DIR = "final-merged"  # a LoRA's --merge: the base with the adapter merged in (rank/adapter.export_merged)
 
 
 def drop_optimizer_state(engine) -> None:

@@ -26,7 +26,7 @@ from launcher.job.rundir import METRICS_FILE, SWAP_OWNER_FILE
 from launcher.job.spec import RunSpec, node_rank
 from launcher.rank import adapter
 from launcher.rank.checkpoints import CheckpointStore, trim_metrics
-from launcher.rank.export import FINAL_DIR, drop_optimizer_state, export_final
+from launcher.rank.export import FINAL_DIR, MERGED_DIR, drop_optimizer_state, export_final
 from launcher.rank.gpu_memory import GpuMemory, max_over_ranks
 from launcher.rank.loading import load_model
 from launcher.rank.progress import (
@@ -264,7 +264,9 @@ class Trainer:
         drop_optimizer_state(self.engine)  # the last step saved a checkpoint: resuming needs nothing in memory
         zero3 = self.planned_placement()[0] == 3
         if self.spec.lora:
-            adapter.export_adapter(self.engine, self.tokenizer, self.spec.out, self.rank, zero3, FINAL_DIR)
+            final = adapter.export_adapter(self.engine, self.tokenizer, self.spec.out, self.rank, zero3, FINAL_DIR)
+            if self.spec.merge:
+                adapter.export_merged(self.spec, self.tokenizer, final, self.rank, MERGED_DIR)
         else:
             export_final(self.engine, self.tokenizer, self.spec.out, self.rank, zero3)
         nvme_bytes = folder_bytes(self.spec.nvme_swap_dir)

@@ -43,11 +43,21 @@ def eval_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def main_run(base_model, tiny_data, eval_data, tmp_path_factory) -> Path:
-    """ZeRO-3 on two ranks with the optimizer and the parameters on the CPU, dropout 0.1, an eval loss at the end."""
+def partitioned(tmp_path_factory) -> Path:
+    """A --ds-config that makes ZeRO-3 partition every adapter tensor (the plan keeps them whole: capacity.py), as a
+    large rank does on a large model: the export must gather them (rank/adapter.py [peft-save])."""
+    path = tmp_path_factory.mktemp("lora-config") / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def main_run(base_model, tiny_data, eval_data, partitioned, tmp_path_factory) -> Path:
+    """ZeRO-3 on two ranks with the optimizer and the parameters on the CPU, the adapter partitioned, dropout 0.1,
+    an eval loss at the end, and --merge."""
     out = tmp_path_factory.mktemp("lora-main") / "run"
     options = (*MAIN, *OFFLOADED, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
-    run_launch(base_model, tiny_data, out, *options)
+    run_launch(base_model, tiny_data, out, *options, "--ds-config", str(partitioned), "--merge")
     return out
 
 
@@ -74,6 +84,10 @@ def adapter_tensors(final: Path) -> dict:
 
 def test_zero3_two_ranks_offloaded_trains_only_the_adapter(main_run, base_model):
     check_lora_run(main_run, stage=3, world=2, offload_optimizer="cpu", offload_param="cpu")
+    assert (
+        json.loads((main_run / "ds_config.json").read_text())["zero_optimization"]["stage3_param_persistence_threshold"]
+        == 0
+    )  # every adapter tensor partitioned
     tensors = adapter_tensors(main_run / "final")
     # 2 layers x 7 linear layers x (lora_A, lora_B), none empty (ZeRO-3 partitions them: the export gathers first)
     assert len(tensors) == 28 and all(t.numel() > 0 for t in tensors.values())
@@ -118,6 +132,10 @@ def test_the_exported_adapter_computes_what_the_trained_model_did(main_run, base
     adapted = eval_loss(PeftModel.from_pretrained(base(), main_run / "final").eval())
     untouched = eval_loss(base())
     assert abs(adapted - reported) < 0.05 * abs(untouched - reported), (adapted, reported, untouched)
+    # --merge: a whole model, loaded without peft, that computes the same
+    merged = eval_loss(AutoModelForCausalLM.from_pretrained(main_run / "final-merged", dtype=torch.bfloat16).eval())
+    assert abs(merged - reported) < 0.05 * abs(untouched - reported), (merged, reported, untouched)
+    assert not list((main_run / "final-merged").glob("adapter_*"))
 
 
 @pytest.mark.parametrize(
@@ -134,10 +152,11 @@ def test_lora_trains_at_every_stage(base_model, tiny_data, tmp_path, stage, worl
 
 
 def test_resume_lands_on_the_uninterrupted_curve_and_refuses_another_adapter(
-    main_run, base_model, tiny_data, eval_data, tmp_path
+    main_run, base_model, tiny_data, eval_data, partitioned, tmp_path
 ):
     out = tmp_path / "run"
     options = (*MAIN, *OFFLOADED, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
+    options += ("--ds-config", str(partitioned))
     # SIGKILL in step 5, after its first backward (launcher/drills.py): the checkpoint of step 3 is the newest
     killed = launch(base_model, tiny_data, out, *options, env={"OFFLOAD_LAUNCH_KILL_AT": "step:5"})
     assert killed.returncode != 0 and not (out / "run.json").exists()

@@ -48,8 +48,32 @@ KNOWN_MISSES = {
 }
 
 
+# the methods the planner plans (issue 27: QLoRA and fp32 training are not planned yet)
+PLANNED_METHODS = ("full", "lora")
+
+
 def plannable(run: dict) -> bool:
-    return bool(run.get("config")) and run.get("method", "full") == "full" and bool(run["gpus"].get("per_node"))
+    return (
+        bool(run.get("config"))
+        and run.get("method", "full") in PLANNED_METHODS
+        and run["precision"] in settings.PRECISIONS
+        and bool(run["gpus"].get("per_node"))
+    )
+
+
+def lora_options(run: dict) -> dict:
+    """The run's LoRA as --lora options (rank, alpha, targets: "peft default for ..." is --lora-target auto)."""
+    if run.get("method", "full") != "lora":
+        return {}
+    lora = run["lora"]
+    targets = lora.get("target_modules") or "auto"
+    return {
+        "lora": True,
+        "lora_rank": lora["rank"],
+        "lora_alpha": float(lora["alpha"]),
+        "lora_dropout": float(lora.get("dropout", 0.0)),
+        "lora_target": "auto" if targets.startswith("peft default") else targets,
+    }
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,7 @@ def verdict(run: dict, folder: Path) -> Verdict:
         "precision": run["precision"],
         "activation_checkpointing": bool(run["activation_checkpointing"]),
         "allow_long_seq": True,
+        **lora_options(run),
     }
     if run.get("ds_config"):
         path = folder / f"{run['id']}.json"
