@@ -117,7 +117,11 @@ def export_merged(spec, tokenizer, adapter_dir: Path, rank: int, merged_dir: str
     unsupported; the base on the CPU is exact, at w·P of rank 0's host RAM plus the largest tensor (plan/peaks.py
     [merge]). Collective: the other ranks wait for it."""
     import torch.distributed as dist
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+    # The run's HfDeepSpeedConfig would make from_pretrained partition the base under zero.Init, a collective that
+    # rank 0 alone would wait in forever; training is over, so it goes
+    unset_hf_deepspeed_config()
     final, tmp = spec.out / merged_dir, spec.out / f"{merged_dir}.tmp"
     if rank == 0:
         from peft import PeftModel

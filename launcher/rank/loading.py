@@ -16,13 +16,10 @@ from launcher.rank import adapter
 def load_model(spec: RunSpec, ds_config: dict, log: Callable[[str], None]):
     """(the model, the HfDeepSpeedConfig the caller must keep referenced while it loads or None). The model class is
     the one the export names (AutoModelForCausalLM, or AutoModelForSeq2SeqLM for T5 and BART)."""
-    import torch
     from transformers import AutoConfig
 
     auto = auto_class(spec.model_kind)
-    # DeepSpeed reads "bfloat16" as the old name of "bf16" (runtime/config.py get_bfloat16_config)
-    bf16 = ds_config.get("bf16", ds_config.get("bfloat16", {}))
-    dtype = torch.bfloat16 if bf16.get("enabled") else torch.float16
+    dtype = training_dtype(ds_config)
     hf_ds_config = None
     if ds_config.get("zero_optimization", {}).get("stage") == 3:
         # A live HfDeepSpeedConfig makes from_pretrained/from_config run under deepspeed.zero.Init, so
@@ -45,6 +42,18 @@ def load_model(spec: RunSpec, ds_config: dict, log: Callable[[str], None]):
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"LoRA r={spec.lora['rank']} on {', '.join(spec.lora['targets'])}: {trainable:,} trainable parameters")
     return model, hf_ds_config
+
+
+def training_dtype(ds_config: dict):
+    """The dtype DeepSpeed trains the module in: bf16 or fp16 where the config enables one (DeepSpeed reads
+    "bfloat16" as the old name of "bf16": runtime/config.py get_bfloat16_config), else fp32, DeepSpeed's default
+    (a --ds-config that enables neither)."""
+    import torch
+
+    bf16 = ds_config.get("bf16", ds_config.get("bfloat16", {}))
+    if bf16.get("enabled") is True:
+        return torch.bfloat16
+    return torch.float16 if ds_config.get("fp16", {}).get("enabled") is True else torch.float32
 
 
 def has_weights(model: str) -> bool:

@@ -17,8 +17,7 @@ pytestmark = pytest.mark.e2e
 
 STEPS = 6
 LORA = ("--lora", "--lora-target", "all-linear", "--lr", "2e-2", "--warmup-steps", "2")
-MAIN = (*LORA, "--lora-dropout", "0.1", "--num-gpus", "2", "--zero-stage", "3")
-OFFLOADED = ("--offload-optimizer", "cpu", "--offload-param", "cpu")
+MAIN = (*LORA, "--lora-dropout", "0.1", "--num-gpus", "2")  # ZeRO-3 and both offloads: `partitioned`'s ds_config
 LOSS_TOLERANCE = 1e-4  # same seed, same data, same restored state: float32 rounding only (tests/e2e/test_faults.py)
 
 
@@ -47,7 +46,9 @@ def partitioned(tmp_path_factory) -> Path:
     """A --ds-config that makes ZeRO-3 partition every adapter tensor (the plan keeps them whole: capacity.py), as a
     large rank does on a large model: the export must gather them (rank/adapter.py [peft-save])."""
     path = tmp_path_factory.mktemp("lora-config") / "ds_config.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    zero |= {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}  # pinned here, not by flags
+    path.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": zero}))
     return path
 
 
@@ -56,7 +57,7 @@ def main_run(base_model, tiny_data, eval_data, partitioned, tmp_path_factory) ->
     """ZeRO-3 on two ranks with the optimizer and the parameters on the CPU, the adapter partitioned, dropout 0.1,
     an eval loss at the end, and --merge."""
     out = tmp_path_factory.mktemp("lora-main") / "run"
-    options = (*MAIN, *OFFLOADED, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
+    options = (*MAIN, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
     run_launch(base_model, tiny_data, out, *options, "--ds-config", str(partitioned), "--merge")
     return out
 
@@ -155,7 +156,7 @@ def test_resume_lands_on_the_uninterrupted_curve_and_refuses_another_adapter(
     main_run, base_model, tiny_data, eval_data, partitioned, tmp_path
 ):
     out = tmp_path / "run"
-    options = (*MAIN, *OFFLOADED, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
+    options = (*MAIN, "--steps", str(STEPS), "--save-every", "3", "--eval-data", str(eval_data))
     options += ("--ds-config", str(partitioned))
     # SIGKILL in step 5, after its first backward (launcher/drills.py): the checkpoint of step 3 is the newest
     killed = launch(base_model, tiny_data, out, *options, env={"OFFLOAD_LAUNCH_KILL_AT": "step:5"})

@@ -11,7 +11,14 @@ from launcher.errors import UserInputError
 from launcher.inspection.hostspec import load_host_spec
 from launcher.inspection.model import inspect_model
 from launcher.plan import memory
-from launcher.plan.adapters import PEFT_DEFAULT_TARGETS, Lora, adapted, adapter_numels, resolve_targets
+from launcher.plan.adapters import (
+    PEFT_DEFAULT_TARGETS,
+    Lora,
+    adapted,
+    adapter_numels,
+    resolve_targets,
+    saved_bytes_per_token,
+)
 from launcher.plan.compute import backward_share, flops_per_token
 from launcher.plan.network import collectives
 from launcher.plan.planner import make_plan
@@ -87,6 +94,16 @@ def test_the_frozen_base_stays_whole_at_zero_1_2_and_partitions_at_zero_3(llama7
     zero3 = memory.model_states(p + a, Strategy(3, "cpu", "cpu"), 4, trainable=a)
     assert zero3["cpu"]["fp16 weights"] == 2 * (p + a) // 4 and "fp16 weights" not in zero3["gpu"]
     assert adapted(llama7b, lora).optimized_params == a and adapted(llama7b, None) is llama7b
+
+
+def test_the_adapter_s_saved_tensors_add_to_the_activations(llama7b):
+    """adapters.py [LoRA-act]: 2·r B per adapted layer and token, and 3·in B more with dropout (the dropped-out input
+    and its mask); with activation checkpointing only the recomputed block's."""
+    targets = ("q_proj", "v_proj")
+    assert saved_bytes_per_token(llama7b, Lora(8, 16, 0.0, targets)) == 64 * 2 * 8
+    assert saved_bytes_per_token(llama7b, Lora(8, 16, 0.1, targets)) == 64 * (2 * 8 + 3 * 4096)
+    with_dropout = plan_for(llama7b, "1x-a100-80g", lora=True, lora_dropout=0.1, zero_stage="2", seq_len=2048)
+    assert with_dropout.chosen.memory.gpu_terms["adapter activations"] == 2 * (2 * 8 + 3 * 4096) * 2048
 
 
 def test_a_frozen_weight_costs_no_weight_gradient():

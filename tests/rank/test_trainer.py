@@ -291,3 +291,16 @@ def test_nvml_process_bytes():
     assert nvml_process_bytes(FakeNvml([(4321, 5), (99, 7)]), "h", pid) is None
     assert nvml_process_bytes(FakeNvml([]), "h", pid) is None
     assert nvml_process_bytes(None, None, pid) is None
+
+
+def test_the_module_trains_in_the_dtype_the_config_enables():
+    """rank/loading.training_dtype: bf16 (or its old name), fp16, else DeepSpeed's default fp32 - never fp16 for a
+    config that enables neither."""
+    import torch
+
+    from launcher.rank.loading import training_dtype
+
+    assert training_dtype({"bf16": {"enabled": True}}) is torch.bfloat16
+    assert training_dtype({"bfloat16": {"enabled": True}}) is torch.bfloat16
+    assert training_dtype({"fp16": {"enabled": True}}) is torch.float16
+    assert training_dtype({}) is torch.float32 and training_dtype({"bf16": {"enabled": False}}) is torch.float32
