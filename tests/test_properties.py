@@ -115,7 +115,24 @@ def llama_profile(
         tied_embeddings=tied,
         has_weights=False,
         input_embedding_numel=vocab * hidden,
+        linear_modules=llama_linears(vocab, hidden, intermediate, layers, heads, kv_heads),
+        output_embedding="lm_head",
     )
+
+
+def llama_linears(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> tuple:
+    """ModelProfile.linear_modules of that Llama: (leaf name, in, out, count), in the order first met."""
+    attention, kv = heads * (hidden // heads), kv_heads * (hidden // heads)
+    per_layer = [
+        ("q_proj", hidden, attention),
+        ("k_proj", hidden, kv),
+        ("v_proj", hidden, kv),
+        ("o_proj", attention, hidden),
+        ("gate_proj", hidden, intermediate),
+        ("up_proj", hidden, intermediate),
+        ("down_proj", intermediate, hidden),
+    ]
+    return tuple((*linear, layers) for linear in per_layer) + (("lm_head", hidden, vocab, 1),)
 
 
 @st.composite

@@ -235,9 +235,13 @@ def _method_advice(
     if not methods.worth_advising(workload, chosen is not None and chosen.strategy.offloads, chosen is not None):
         return None
     other = methods.other_method(workload)
-    return methods.summary(
-        make_plan(model, host, other, rates, aio, alloc_conf, deepspeed_version=deepspeed_version, advise_methods=False)
-    )
+    try:
+        alternative = make_plan(
+            model, host, other, rates, aio, alloc_conf, deepspeed_version=deepspeed_version, advise_methods=False
+        )
+    except UserInputError:  # the other method does not apply here (a model with no linear layer to adapt)
+        return None
+    return methods.summary(alternative)
 
 
 def _candidates(inputs: Inputs, deepspeed_version: tuple[int, int, int] | None) -> list[Candidate]:
