@@ -37,8 +37,30 @@ KINDS = (CAUSAL_LM, SEQ2SEQ_LM, OTHER)
 AUTO_CLASSES = {CAUSAL_LM: "AutoModelForCausalLM", SEQ2SEQ_LM: "AutoModelForSeq2SeqLM", OTHER: "AutoModel"}
 
 
+class OptimizedCounts:
+    """What the optimizer owns, for a ModelProfile and the planner's ModelShape alike (both have `params`,
+    `param_numels`, `largest_param_numel`, `trainable_params` and `trainable_numels`): with an adapter
+    (plan/adapters.py) its parameters, else all of them."""
+
+    @property
+    def optimized_params(self) -> int:
+        """The parameters with gradients, fp32 masters and Adam states."""
+        return self.trainable_params or self.params
+
+    @property
+    def optimized_numels(self) -> tuple[int, ...]:
+        """Their tensors' numels, in the order ZeRO-3 forms its optimizer sub-groups (and ZeRO-1/2's per-parameter
+        buffers)."""
+        return self.trainable_numels if self.trainable_params else self.param_numels
+
+    @property
+    def largest_optimized_numel(self) -> int:
+        """The largest tensor the optimizer owns."""
+        return max(self.trainable_numels) if self.trainable_params else self.largest_param_numel
+
+
 @dataclass(frozen=True)
-class ModelProfile:
+class ModelProfile(OptimizedCounts):
     """What the planner needs to know about a model. Counts are exact (meta-device build)."""
 
     name: str  # what the user passed
@@ -81,16 +103,6 @@ class ModelProfile:
     trainable_params: int = 0
     trainable_numels: tuple[int, ...] = ()
     adapter_saved_bytes_per_token: int = 0  # plan/adapters.py [LoRA-act], all adapted layers
-
-    @property
-    def optimized_params(self) -> int:
-        """The parameters the optimizer owns: the adapter's with one, else all."""
-        return self.trainable_params or self.params
-
-    @property
-    def optimized_numels(self) -> tuple[int, ...]:
-        """Their tensors' numels, in the order ZeRO-3 forms its optimizer sub-groups."""
-        return self.trainable_numels if self.trainable_params else self.param_numels
 
     @property
     def encoder_layers(self) -> int:

@@ -148,7 +148,7 @@ def _sized_buckets(
         prefetch_bucket_size=int(0.9 * h * h),
         # a LoRA's tensors stay whole on every rank (config/lint_adapters.py [DS-persist]): no gather of a few
         # thousand elements per module per pass, and peft's own save works too
-        param_persistence_threshold=max(10 * h, model_shape_largest(model) if model.trainable_params else 0),
+        param_persistence_threshold=max(10 * h, model.largest_optimized_numel if model.trainable_params else 0),
         sub_group_size=sub_group,
         optimizer_buffer_count=buffer_count,
         pipeline=pipeline,
@@ -175,7 +175,7 @@ def nvme_optimizer_sizing(
     swapper with OPTIMIZER_BUFFER_COUNT buffers of sub-groups as large as the budget allows (fewer, larger
     requests; the serial swap costs the same whatever their number), never below MIN_SUB_GROUP nor above
     DeepSpeed's default."""
-    overshoot = -(-model_shape_largest(model) // world)
+    overshoot = -(-model.largest_optimized_numel // world)
     partition = model.optimized_params // world
 
     def largest(count: int) -> int:
@@ -191,11 +191,6 @@ def partial_offload_sub_group_size(params: int, world: int) -> int:
     """sub_group_size for a partial offload: the rank's partition in PARTIAL_OFFLOAD_SUB_GROUPS pieces, never
     above DeepSpeed's default."""
     return max(1, min(DEFAULT_SUB_GROUP_SIZE, -(-(params // world) // PARTIAL_OFFLOAD_SUB_GROUPS)))
-
-
-def model_shape_largest(model: ModelProfile) -> int:
-    """The largest tensor the optimizer owns (an adapter's with one)."""
-    return max(model.trainable_numels) if model.trainable_params else model.largest_param_numel
 
 
 def model_shape(model: ModelProfile, buckets: Buckets) -> ModelShape:

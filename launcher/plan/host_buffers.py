@@ -189,7 +189,7 @@ def pinned_host_terms(
     Rounding applies only on CUDA (`cuda`): on DeepSpeed's CPU accelerator `pin_memory()` is a no-op and the
     sizes are exact. The offload buffers are pinned only with `pin_memory` (offload_*.pin_memory); ZeRO-3's
     flat 16-bit parameter buffer is pinned whatever pin_memory says."""
-    p, n, largest = shape.optimized, world, shape.largest_optimized_numel  # the optimizer's: memory.py [DS-frozen]
+    p, n, largest = shape.optimized_params, world, shape.largest_optimized_numel  # memory.py [DS-frozen]
     partition = p // n
     terms: dict[str, int] = {}
     offload_pinned: list[int] = []  # byte sizes of the allocations pinned when pin_memory is on
@@ -265,7 +265,7 @@ def host_buffer_bytes(shape: ModelShape, strategy: Strategy, buckets: Buckets, *
     buffer (CPU) or the optimizer's pinned swap buffers and the first step's moments on their way to them (NVMe,
     [DS-lazy]), and the parameter swap buffers with the parameters kept in CPU (`max_in_cpu`) when parameters swap
     to NVMe."""
-    p = shape.optimized
+    p = shape.optimized_params
     terms: dict[str, int] = {}
     if strategy.zero_stage >= 3 and strategy.offload_optimizer != "none":
         subgroup = optimizer_subgroup_numel(p, world, buckets.sub_group_size, shape.largest_optimized_numel)
@@ -380,5 +380,5 @@ def offload_host_terms(
     if strategy.super_offload:
         terms |= super_offload_host_terms()
     if strategy.zenflow_interval:
-        terms |= zenflow_host_terms(shape.optimized, world)
+        terms |= zenflow_host_terms(shape.optimized_params, world)
     return terms

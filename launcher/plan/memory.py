@@ -249,7 +249,7 @@ def _states_by_tier(
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """(GPU, CPU, NVMe) per-rank model states: model_states with the optimizer's gradient partition at its real
     width ([DS-fp32g]) and a partial offload's GPU share (subgroups.py [Twin-Flow]) moved to the device."""
-    p, n = shape.optimized, world
+    p, n = shape.optimized_params, world
     states = model_states(shape.params, strategy, n, shape.trainable_params)
     gpu: dict[str, int] = dict(states["gpu"])
     cpu_per_rank: dict[str, int] = dict(states["cpu"])
@@ -312,7 +312,7 @@ def _device_terms(
     if has_gpu:
         gpu["CUDA context"] = CUDA_CONTEXT_BYTES
     if strategy.zenflow_interval:
-        gpu |= zenflow_device_terms(shape.optimized, world)
+        gpu |= zenflow_device_terms(shape.optimized_params, world)
     return gpu
 
 

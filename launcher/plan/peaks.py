@@ -89,14 +89,16 @@ def host_moments(
     init = engine
     if strategy.zero_stage < 3:
         if strategy.offload_optimizer == "cpu" and has_gpu:
-            init += r * BYTES_FP32 * shape.optimized // n  # [DS-pin-copy] the master partition, pageable and pinned
+            init += (
+                r * BYTES_FP32 * shape.optimized_params // n
+            )  # [DS-pin-copy] the master partition, pageable and pinned
         # [DS-flatten] flattens the trainable weights only (memory.py [DS-frozen]); the frozen base stays as loaded
-        flat = BYTES_16BIT * shape.optimized
+        flat = BYTES_16BIT * shape.optimized_params
         host_flatten = has_gpu and gpu_room is not None and weights + flat > gpu_room
         if host_flatten or not has_gpu:  # [DS-flatten] the weights and their flat copy side by side in host RAM
             init = max(init, r * (baseline + weights + flat))
     elif strategy.offload_param == "none":  # [DS-defrag] before any optimizer buffer exists (trainable partitions)
-        init = max(engine, load + r * BYTES_16BIT * shape.optimized // n)
+        init = max(engine, load + r * BYTES_16BIT * shape.optimized_params // n)
     save = steady + _save_transient(shape, strategy, world=n, ranks_per_node=r, has_gpu=has_gpu)
     # [DS-export] after rank/export.drop_optimizer_state freed Adam's moments
     # an adapter's export gathers the adapter alone (rank/adapter_export.py)
@@ -112,7 +114,7 @@ def _save_transient(shape: ModelShape, strategy: Strategy, *, world: int, ranks_
     all ranks of the node at once; nothing on the CPU accelerator, whose storages are host RAM already."""
     if not has_gpu:
         return 0
-    p, n, r = shape.optimized, world, ranks_per_node  # an adapter's checkpoint holds the adapter alone
+    p, n, r = shape.optimized_params, world, ranks_per_node  # an adapter's checkpoint holds the adapter alone
     per_rank = 0
     if strategy.offload_optimizer == "none":
         per_rank = BYTES_FP32 * p // n * strategy.state_bytes // BYTES_FP32  # the master partition (or a moment)

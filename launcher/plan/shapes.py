@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.inspection.model import OptimizedCounts
+
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelShape(OptimizedCounts):
     """The model numbers the estimate needs (a ModelProfile satisfies this, as do tests)."""
 
     params: int
@@ -29,21 +31,6 @@ class ModelShape:
     trainable_params: int = 0
     trainable_numels: tuple[int, ...] = ()
     adapter_saved_bytes_per_token: int = 0  # adapters.py [LoRA-act], all adapted layers
-
-    @property
-    def optimized(self) -> int:
-        """The parameters with gradients, fp32 masters and Adam states: the adapter's, else all."""
-        return self.trainable_params or self.params
-
-    @property
-    def optimized_numels(self) -> tuple[int, ...]:
-        """Their tensors' numels (ZeRO-3's optimizer sub-groups and ZeRO-1/2's per-parameter buffers)."""
-        return self.trainable_numels if self.trainable_params else self.param_numels
-
-    @property
-    def largest_optimized_numel(self) -> int:
-        """The largest tensor the optimizer owns."""
-        return max(self.trainable_numels) if self.trainable_params else self.largest_param_numel
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,10 @@ def stage3_subgroups(shape: ModelShape, world: int, sub_group_size: int) -> list
     partition is one group when sub_group_size is not below it. Without the tensors' sizes, the bound of
     stage3_subgroup_numels."""
     if not shape.optimized_numels:
-        partition = shape.optimized // world
-        subgroup = optimizer_subgroup_numel(shape.optimized, world, sub_group_size, shape.largest_optimized_numel)
+        partition = shape.optimized_params // world
+        subgroup = optimizer_subgroup_numel(
+            shape.optimized_params, world, sub_group_size, shape.largest_optimized_numel
+        )
         return stage3_subgroup_numels(partition, sub_group_size, subgroup)
     # the trainable tensors only (memory.py [DS-frozen]: stage3.py `_get_trainable_parameter_groups`)
     partitions = [-(-numel // world) for numel in shape.optimized_numels]
