@@ -33,7 +33,7 @@ from launcher.plan.capacity import (
     usable_gpu_bytes,
     usable_nvme_bytes,
 )
-from launcher.plan.planner import CANDIDATE_ORDER, Plan, make_plan
+from launcher.plan.planner import CANDIDATE_ORDER, CHOICE_TIE, Plan, make_plan
 from launcher.plan.rates import resolve_rates
 from launcher.plan.workload import Workload
 from tests.helpers import HOSTS, save_config, tiny_llama_config
@@ -388,8 +388,9 @@ def still_fits(plan: Plan, strategy) -> bool:
 
 
 # Relative: a 6.7 K-parameter Llama at "ZeRO-3 + opt->cpu 25%" on 4 then 5 GPUs keeps 2.3e-6 of its step more on the
-# CPU (found by hypothesis); whole-sub-group rounding of real models is far below it.
-STEP_TOLERANCE = 1e-5
+# CPU (found by hypothesis); whole-sub-group rounding of real models is far below it. And the planner takes candidates
+# within CHOICE_TIE of the fastest as a tie (planner.choose): each of two plans may be that much off its fastest.
+STEP_TOLERANCE = 1e-5 + 2 * CHOICE_TIE
 
 
 def check_more_never_hurts(plans: list[Plan], *, offload_order: bool = True, nvme_bytes: bool = False) -> None:

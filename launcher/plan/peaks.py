@@ -89,9 +89,8 @@ def host_moments(
     init = engine
     if strategy.zero_stage < 3:
         if strategy.offload_optimizer == "cpu" and has_gpu:
-            init += (
-                r * BYTES_FP32 * shape.optimized_params // n
-            )  # [DS-pin-copy] the master partition, pageable and pinned
+            # [DS-pin-copy] the master partition, pageable and pinned
+            init += r * BYTES_FP32 * shape.optimized_params // n
         # [DS-flatten] flattens the trainable weights only (memory.py [DS-frozen]); the frozen base stays as loaded
         flat = BYTES_16BIT * shape.optimized_params
         host_flatten = has_gpu and gpu_room is not None and weights + flat > gpu_room
@@ -101,7 +100,7 @@ def host_moments(
         init = max(engine, load + r * BYTES_16BIT * shape.optimized_params // n)
     save = steady + _save_transient(shape, strategy, world=n, ranks_per_node=r, has_gpu=has_gpu)
     # [DS-export] after rank/export.drop_optimizer_state freed Adam's moments
-    # an adapter's export gathers the adapter alone (rank/adapter_export.py)
+    # an adapter's export gathers the adapter alone (rank/adapter.py export_adapter)
     gathered = BYTES_16BIT * shape.trainable_params if shape.trainable_params else weights
     export = engine + (gathered if strategy.zero_stage >= 3 else BYTES_16BIT * shape.largest_optimized_numel)
     if merge:  # [merge] rank 0 rebuilds the base in CPU RAM, the adapter merged in, beside the engine

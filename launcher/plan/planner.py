@@ -62,6 +62,7 @@ CANDIDATE_ORDER: tuple[Strategy, ...] = (
     Strategy(3, "nvme", "nvme"),
 )
 
+CHOICE_TIE = 1e-4  # predicted steps this close (relative) are a tie: the framework's order decides (choose)
 OVERHEAD_TARGET = 0.10  # batch advice aims to bring the offload overhead under this share of the step
 MAX_ADVISED_ACCUMULATION = 4096
 
@@ -279,9 +280,17 @@ def _index_of(candidates: list[Candidate], strategy: Strategy) -> int:
 
 def choose(candidates: list[Candidate]) -> list[Candidate]:
     """The candidates that fit, fastest predicted first (ties keep the framework's order): the first is the
-    plan's choice, the second its runner-up."""
+    plan's choice, the second its runner-up. Candidates within CHOICE_TIE of the fastest are a tie, which the
+    framework's order breaks: a prediction 0.01 % faster is below what the model can tell, and must not buy more
+    offload (a 3-parameter-tensor Llama on 4 nodes with its parameters on the CPU: the optimizer there too was
+    predicted 1.4e-6 of the step faster, no upload of the updated weights against a GPU Adam step)."""
     fitting = [c for c in candidates if c.fits]
-    return sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
+    ranked = sorted(fitting, key=lambda c: (round(c.timing.expected_seconds, 9), candidates.index(c)))
+    if not ranked:
+        return ranked
+    fastest = ranked[0].timing.expected_seconds
+    first = min((c for c in ranked if c.timing.expected_seconds <= fastest * (1 + CHOICE_TIE)), key=candidates.index)
+    return [first, *(c for c in ranked if c is not first)]
 
 
 def states_hint(inputs: Inputs, chosen: Candidate | None, precision: str) -> str | None:

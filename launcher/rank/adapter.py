@@ -49,7 +49,8 @@ def attach(model, lora: dict, model_kind: str, dtype):
 
 def frozen_digest(module) -> str:
     """SHA-256 of this rank's bytes of every frozen parameter, by name: the whole tensor, or under ZeRO-3 the rank's
-    partition (`ds_tensor`), wherever it lives (GPU, CPU)."""
+    partition (`ds_tensor`), wherever it lives (GPU, CPU; a partition swapped out to NVMe is not read). It reads the
+    base once at load and once after the last step: seconds per 10 GB (SHA-256 at ~1-2 GB/s)."""
     import hashlib
 
     import torch
@@ -60,7 +61,7 @@ def frozen_digest(module) -> str:
             continue
         local = getattr(param, "ds_tensor", param.data)
         digest.update(name.encode())
-        digest.update(local.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        digest.update(local.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -149,6 +150,8 @@ def validate_adapter(folder: Path, expected: dict[str, tuple[int, ...]]) -> None
     names the first that is not (peft writes keys without the adapter's name: "...lora_A.weight")."""
     from safetensors import safe_open
 
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise SystemExit(f"[offload-launch] the exported adapter has no {ADAPTER_CONFIG}: peft cannot load it")
     with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as handle:
         written = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
     shapes = {_peft_key(name): shape for name, shape in expected.items()}
