@@ -88,7 +88,7 @@ class Plan:
     # what 16-bit optimizer states would allow when the fp32 ones fit only on NVMe or not at all (states_hint)
     states_hint: str | None = None
     lora: Lora | None = None  # the LoRA adapter trained (adapters.py; `model` is then adapters.adapted's profile)
-    # the other training method on the same host (methods.method_advice): what LoRA would cost where full
+    # the other training method on the same host (_method_advice, methods.py): what a LoRA would cost where full
     # fine-tuning needs offload, or what full fine-tuning would need with --lora
     method_advice: dict | None = None
 
